@@ -1,0 +1,3 @@
+from loopscale.cli import main
+
+main()

@@ -1,0 +1,209 @@
+"""Parameter and FLOP accounting: the one source of truth (PAPER.md section 3).
+
+Pure functions of a ModelConfig; nothing here instantiates a model or imports torch, so the fit,
+the planner and the sweep can use it on any machine. ``tests/test_accounting.py`` checks it against
+the paper's fixtures, and ``tests/test_flops.py`` against the real model and
+``torch.utils.flop_counter``.
+
+Conventions (the paper's):
+* ``n_b = 12 d^2`` per block (4 d^2 attention + 2 * mlp_ratio * d^2 MLP), no biases;
+* ``N_once`` = prelude + coda blocks; ``N_rec`` = one recurrent block stack + its injection
+  (``2 d^2`` for the linear injection, ``r (K^2 + 2K)`` lane scalars for hyperconnect);
+  embeddings, LM head and norm scales are excluded (they are reported separately);
+* training FLOPs/token ``F = 6 (N_once + N_head) + 6 r N_rec + 12 h q T L_eff`` with full ``T`` in
+  the attention term (no causal halving) and a free embedding lookup;
+* truncated BPTT: detached recurrences cost ``2x`` (matmuls) and ``4 h q T`` (attention) instead of
+  ``6x`` and ``12 h q T``; hyperconnect adds ``(K^2 + 2K) d`` equivalent params per recurrence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from loopscale.config import ModelConfig
+
+
+# ---- parameters ---------------------------------------------------------------------------
+def block_params(cfg: ModelConfig) -> int:
+    """n_b: matrices of one transformer block (q, k, v, out and the two MLP matrices)."""
+    d = cfg.width
+    return 4 * d * d + 2 * cfg.mlp_ratio * d * d
+
+
+def injection_params(cfg: ModelConfig) -> int:
+    """Parameters of the loop's input injection (0 for the plain r = 1 stack)."""
+    if not cfg.is_looped:
+        return 0
+    if cfg.injection == "linear":
+        return 2 * cfg.width * cfg.width
+    if cfg.injection == "hyperconnect":
+        k = cfg.hc_lanes
+        return cfg.r * (k * k + 2 * k)
+    return 0  # additive, passthrough
+
+
+def N_once(cfg: ModelConfig) -> int:
+    return (cfg.n_prelude + cfg.n_coda) * block_params(cfg)
+
+
+def N_rec(cfg: ModelConfig) -> int:
+    return cfg.n_recur * block_params(cfg) + injection_params(cfg)
+
+
+def N_unique(cfg: ModelConfig) -> int:
+    """Unique non-embedding parameters as the law counts them (N_once + N_rec)."""
+    return N_once(cfg) + N_rec(cfg)
+
+
+def N_emb(cfg: ModelConfig) -> int:
+    """Token embedding plus the untied LM head, both over the padded vocabulary."""
+    return 2 * cfg.vocab_padded * cfg.width
+
+
+def N_head(cfg: ModelConfig) -> int:
+    return cfg.vocab_padded * cfg.width
+
+
+def N_norm(cfg: ModelConfig) -> int:
+    """RMSNorm scales: two per unique block, plus embedding, final and (looped) recurrent norms.
+
+    The paper's Table 6 totals include these (its s = 10, r = 4 entry is 40.2M, not the 40.1M of
+    98 d^2 alone), so ``N_unique + N_norm`` is what reproduces that table.
+    """
+    d = cfg.width
+    unique_blocks = cfg.n_prelude + cfg.n_coda + cfg.n_recur
+    return 2 * d * unique_blocks + d * (2 + int(cfg.is_looped))
+
+
+def N_total(cfg: ModelConfig) -> int:
+    """Every trainable parameter of the model (what ``sum(p.numel())`` gives)."""
+    return N_unique(cfg) + N_emb(cfg) + N_norm(cfg)
+
+
+# ---- FLOPs --------------------------------------------------------------------------------
+def _rec_matmul_params(cfg: ModelConfig) -> int:
+    """Per-recurrence 'equivalent params' of the recurrent stack (matmul FLOPs / 2 per token)."""
+    d = cfg.width
+    base = cfg.n_recur * block_params(cfg)
+    if not cfg.is_looped:
+        return base
+    if cfg.injection == "linear":
+        return base + 2 * d * d
+    if cfg.injection == "hyperconnect":
+        k = cfg.hc_lanes
+        return base + (k * k + 2 * k) * d
+    return base
+
+
+def _attn_flops_per_layer(cfg: ModelConfig, context: int) -> int:
+    """Forward attention FLOPs per token per layer: QK^T and AV, 2 h q T each."""
+    return 4 * cfg.n_head * cfg.head_dim * context
+
+
+def train_flops_per_token(cfg: ModelConfig, *, include_attention: bool = True) -> float:
+    """F: training (forward + backward) FLOPs per token, PAPER.md section 3."""
+    once = N_once(cfg) + N_head(cfg)
+    rec = _rec_matmul_params(cfg)
+    k = cfg.k_grad
+    detached = cfg.r - k
+    matmul = 6 * once + 6 * k * rec + 2 * detached * rec
+    if not include_attention:
+        return float(matmul)
+    attn = _attn_flops_per_layer(cfg, cfg.seq_len)
+    layers_full = cfg.n_prelude + cfg.n_coda + k * cfg.n_recur
+    layers_detached = detached * cfg.n_recur
+    return float(matmul + 3 * attn * layers_full + attn * layers_detached)
+
+
+def inference_flops_per_token(cfg: ModelConfig, context: int | None = None) -> float:
+    """Forward FLOPs per token at a given attention context (default: the training T)."""
+    ctx = cfg.seq_len if context is None else context
+    matmul = 2 * (N_once(cfg) + N_head(cfg)) + 2 * cfg.r * _rec_matmul_params(cfg)
+    return float(matmul + _attn_flops_per_layer(cfg, ctx) * cfg.L_eff)
+
+
+def attention_share(cfg: ModelConfig) -> float:
+    """Fraction of training FLOPs spent in attention (large at tiny widths and long T)."""
+    total = train_flops_per_token(cfg)
+    return 1.0 - train_flops_per_token(cfg, include_attention=False) / total
+
+
+# ---- budgets -----------------------------------------------------------------------------
+def tokens_for_budget(cfg: ModelConfig, budget: float) -> float:
+    """D = C / F."""
+    return budget / train_flops_per_token(cfg)
+
+
+def steps_for_budget(cfg: ModelConfig, budget: float, tokens_per_step: int) -> int:
+    """steps = round(C / (F * tokens_per_step))."""
+    return round(budget / (train_flops_per_token(cfg) * tokens_per_step))
+
+
+# ---- summary -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Accounting:
+    """Every number `loopscale info` prints for one model, and what run results record."""
+
+    layout: str
+    r: int
+    d_model: int
+    n_head: int
+    n_prelude: int
+    n_recur: int
+    n_coda: int
+    N_once: int
+    N_rec: int
+    N_unique: int
+    N_emb: int
+    N_norm: int
+    N_total: int
+    flops_per_token: float
+    inference_flops_per_token: float
+    attention_share: float
+    budget: float | None = None
+    tokens: float | None = None
+    tokens_per_param: float | None = None
+    steps: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def account(cfg: ModelConfig, budget: float | None = None,
+            tokens_per_step: int | None = None) -> Accounting:
+    tokens = tokens_for_budget(cfg, budget) if budget else None
+    steps = steps_for_budget(cfg, budget, tokens_per_step) if budget and tokens_per_step else None
+    return Accounting(
+        layout=cfg.layout,
+        r=cfg.r,
+        d_model=cfg.width,
+        n_head=cfg.n_head,
+        n_prelude=cfg.n_prelude,
+        n_recur=cfg.n_recur,
+        n_coda=cfg.n_coda,
+        N_once=N_once(cfg),
+        N_rec=N_rec(cfg),
+        N_unique=N_unique(cfg),
+        N_emb=N_emb(cfg),
+        N_norm=N_norm(cfg),
+        N_total=N_total(cfg),
+        flops_per_token=train_flops_per_token(cfg),
+        inference_flops_per_token=inference_flops_per_token(cfg),
+        attention_share=attention_share(cfg),
+        budget=budget,
+        tokens=tokens,
+        tokens_per_param=(tokens / N_unique(cfg)) if tokens else None,
+        steps=steps,
+    )
+
+
+def quality_equivalent_N(n_once: float, n_rec: float, r: float, phi: float) -> float:
+    """N_eq = N_once + r^phi N_rec: the non-looped size with the same loss."""
+    return n_once + math.pow(r, phi) * n_rec
+
+
+def cost_equivalent_N(n_once: float, n_rec: float, r: float) -> float:
+    """N_once + r N_rec: the non-looped size with the same training FLOPs."""
+    return n_once + r * n_rec

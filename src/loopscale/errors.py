@@ -1,0 +1,60 @@
+"""User-facing errors: one line naming the file, the field, the bad value and what is expected.
+
+The CLI prints ``str(err)`` for these and exits with status 2; ``--debug`` shows the traceback.
+Anything else escaping to the CLI is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class LoopscaleError(Exception):
+    """An error caused by the user's input, not by loopscale."""
+
+
+class ConfigError(LoopscaleError, ValueError):
+    """A bad value in a config, a table or a spec."""
+
+    def __init__(
+        self,
+        field: str,
+        message: str,
+        *,
+        value: Any = ...,
+        source: str | None = None,
+    ) -> None:
+        self.field = field
+        self.message = message
+        self.value = value
+        self.source = source
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = f"{self.source}: " if self.source else ""
+        got = "" if self.value is ... else f" (got {self.value!r})"
+        return f"{where}{self.field}: {self.message}{got}"
+
+    def with_source(self, source: str) -> ConfigError:
+        return ConfigError(self.field, self.message, value=self.value, source=source)
+
+
+def from_pydantic(err: Exception, source: str | None = None, prefix: str = "") -> ConfigError:
+    """Turn the first error of a pydantic ValidationError into a one-line ConfigError."""
+    errors = getattr(err, "errors", None)
+    if not callable(errors):
+        return ConfigError(prefix or "config", str(err), source=source)
+    first = errors()[0]
+    loc = ".".join(str(p) for p in first.get("loc", ()) if p != "__root__")
+    field = ".".join(p for p in (prefix, loc) if p) or "config"
+    msg = first.get("msg", "invalid value")
+    if first.get("type") == "extra_forbidden":
+        msg = "unknown key"
+    msg = msg.removeprefix("Value error, ")
+    value = first.get("input", ...)
+    if isinstance(value, dict) or first.get("type") == "missing":
+        value = ...
+    more = len(errors()) - 1
+    if more:
+        msg += f" [+{more} more error{'s' if more > 1 else ''}]"
+    return ConfigError(field, msg, value=value, source=source)
