@@ -1,0 +1,48 @@
+"""A plain nanoGPT-style PyTorch GPT (fused qkv, LayerNorm, GELU MLP, SDPA), the speed reference.
+
+Same shape as a loopscale model: L_eff layers of width d, head_dim, 4d MLP, untied head, no biases.
+It is deliberately ordinary PyTorch, the way most research code is written.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class PlainBlock(nn.Module):
+    def __init__(self, d: int, n_head: int) -> None:
+        super().__init__()
+        self.n_head = n_head
+        self.ln1 = nn.LayerNorm(d, bias=False)
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.proj = nn.Linear(d, d, bias=False)
+        self.ln2 = nn.LayerNorm(d, bias=False)
+        self.fc = nn.Linear(d, 4 * d, bias=False)
+        self.fc_out = nn.Linear(4 * d, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
+        return x + self.fc_out(F.gelu(self.fc(self.ln2(x))))
+
+
+class PlainGPT(nn.Module):
+    def __init__(self, vocab: int, d: int, n_layer: int, head_dim: int, seq_len: int) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        self.wpe = nn.Embedding(seq_len, d)
+        self.blocks = nn.ModuleList(PlainBlock(d, d // head_dim) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(d, bias=False)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device))
+        for b in self.blocks:
+            x = b(x)
+        logits = self.head(self.ln_f(x)).float()
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))

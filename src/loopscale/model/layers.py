@@ -1,0 +1,124 @@
+"""Transformer block of PAPER.md section 2: pre-norm, RoPE, QK-norm, squared-ReLU MLP, no biases."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with a learnable scale (eps 1e-6), the paper's only normalisation."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (half-split form), cos/sin cached up to the longest position seen."""
+
+    def __init__(self, head_dim: int, base: float = 10000.0) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._cache: tuple[int, torch.device, torch.Tensor, torch.Tensor] | None = None
+
+    def _cos_sin(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._cache is None or self._cache[0] < n or self._cache[1] != device:
+            t = torch.arange(max(n, 64), device=device, dtype=torch.float32)
+            freqs = torch.outer(t, self.inv_freq.to(device))
+            self._cache = (t.numel(), device, freqs.cos(), freqs.sin())
+        return self._cache[2], self._cache[3]
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """x: [B, H, T, hd]; positions offset..offset+T-1."""
+        T = x.size(-2)
+        cos, sin = self._cos_sin(offset + T, x.device)
+        cos = cos[offset : offset + T].to(x.dtype)
+        sin = sin[offset : offset + T].to(x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+KV = tuple[torch.Tensor, torch.Tensor]
+
+
+class Attention(nn.Module):
+    """Causal self-attention through SDPA; q/k get RoPE then a parameter-free RMSNorm (QK-norm)."""
+
+    def __init__(self, d_model: int, head_dim: int, rotary: Rotary, eps: float) -> None:
+        super().__init__()
+        self.n_head = d_model // head_dim
+        self.head_dim = head_dim
+        self.eps = eps
+        self.rotary = rotary
+        self.q = nn.Linear(d_model, d_model, bias=False)
+        self.k = nn.Linear(d_model, d_model, bias=False)
+        self.v = nn.Linear(d_model, d_model, bias=False)
+        self.out = nn.Linear(d_model, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, kv: KV | None = None) -> tuple[torch.Tensor, KV]:
+        B, T, _ = x.shape
+        shape = (B, T, self.n_head, self.head_dim)
+        q = self.q(x).view(shape).transpose(1, 2)
+        k = self.k(x).view(shape).transpose(1, 2)
+        v = self.v(x).view(shape).transpose(1, 2)
+        past = 0 if kv is None else kv[0].size(2)
+        q = F.rms_norm(self.rotary(q, past), (self.head_dim,), eps=self.eps)
+        k = F.rms_norm(self.rotary(k, past), (self.head_dim,), eps=self.eps)
+        if kv is not None:
+            k = torch.cat((kv[0], k), dim=2)
+            v = torch.cat((kv[1], v), dim=2)
+        if past == 0:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif T == 1:
+            y = F.scaled_dot_product_attention(q, k, v)
+        else:  # a chunk after a cached prefix: query i sees keys up to past + i
+            mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        y = y.transpose(1, 2).reshape(B, T, -1)
+        return self.out(y), (k, v)
+
+
+class MLP(nn.Module):
+    """d -> ratio*d -> d with squared ReLU."""
+
+    def __init__(self, d_model: int, ratio: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d_model, ratio * d_model, bias=False)
+        self.proj = nn.Linear(ratio * d_model, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.relu(self.fc(x)).square())
+
+
+class Block(nn.Module):
+    """x += Attn(RMSNorm(x)); x += MLP(RMSNorm(x))."""
+
+    def __init__(self, d_model: int, head_dim: int, mlp_ratio: int, rotary: Rotary, eps: float) -> None:
+        super().__init__()
+        self.norm1 = RMSNorm(d_model, eps)
+        self.attn = Attention(d_model, head_dim, rotary, eps)
+        self.norm2 = RMSNorm(d_model, eps)
+        self.mlp = MLP(d_model, mlp_ratio)
+
+    def forward(self, x: torch.Tensor, kv: KV | None = None) -> tuple[torch.Tensor, KV]:
+        a, kv_new = self.attn(self.norm1(x), kv)
+        x = x + a
+        return x + self.mlp(self.norm2(x)), kv_new
+
+    @torch.no_grad()
+    def init_paper(self) -> None:
+        """U(+-sqrt(3)/sqrt(d)) for q, k, v, out and the MLP input; U(+-sqrt(3)/sqrt(4d)) for MLP out."""
+        for lin in (self.attn.q, self.attn.k, self.attn.v, self.attn.out, self.mlp.fc):
+            bound = math.sqrt(3.0) / math.sqrt(lin.in_features)
+            lin.weight.uniform_(-bound, bound)
+        bound = math.sqrt(3.0) / math.sqrt(self.mlp.proj.in_features)
+        self.mlp.proj.weight.uniform_(-bound, bound)

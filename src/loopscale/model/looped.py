@@ -1,0 +1,200 @@
+"""The prelude - recur - coda language model (PAPER.md section 2), readable top to bottom.
+
+    x = norm_emb(embed(idx)); x = prelude(x); e = x
+    state = init(e); repeat r times: u = input(i, e, state); s = norm_recur(recur(u)); state = update(i, state, s)
+    x = coda(readout(state)); logits = 15 tanh(head(norm_final(x)) / 15)   (fp32)
+
+With ``r = 1`` the model is the plain non-looped stack of ``L_eff`` unique layers (no injection,
+no recurrent norm). Truncated BPTT runs the first ``r - k`` recurrences without autograd, so they
+cost a forward pass only, as the accounting charges them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from loopscale.config import ModelConfig
+from loopscale.errors import ConfigError
+from loopscale.model.injection import HyperConnect, make_injection
+from loopscale.model.layers import KV, Block, RMSNorm, Rotary
+
+
+class KVCache:
+    """Per-application key/value cache: one slot for every block *application*, so a shared block
+    used at recurrence i has its own entries for each i (the keys differ between recurrences)."""
+
+    def __init__(self) -> None:
+        self.slots: list[KV | None] = []
+        self._cursor = 0
+
+    def begin(self) -> None:
+        self._cursor = 0
+
+    def take(self) -> KV | None:
+        if self._cursor >= len(self.slots):
+            self.slots.append(None)
+        return self.slots[self._cursor]
+
+    def put(self, kv: KV) -> None:
+        self.slots[self._cursor] = kv
+        self._cursor += 1
+
+    @property
+    def length(self) -> int:
+        first = self.slots[0] if self.slots else None
+        return 0 if first is None else first[0].size(2)
+
+
+class LoopedLM(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.width
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_base)
+
+        def block() -> Block:
+            return Block(d, cfg.head_dim, cfg.mlp_ratio, self.rotary, cfg.norm_eps)
+
+        self.embed = nn.Embedding(cfg.vocab_padded, d)
+        self.norm_emb = RMSNorm(d, cfg.norm_eps)
+        self.prelude = nn.ModuleList(block() for _ in range(cfg.n_prelude))
+        self.recur = nn.ModuleList(block() for _ in range(cfg.n_recur))
+        self.coda = nn.ModuleList(block() for _ in range(cfg.n_coda))
+        if cfg.is_looped:
+            self.inject = make_injection(cfg.injection, d, cfg.r, cfg.hc_lanes)
+            self.norm_recur = RMSNorm(d, cfg.norm_eps)
+        self.norm_final = RMSNorm(d, cfg.norm_eps)
+        self.head = nn.Linear(d, cfg.vocab_padded, bias=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """The paper's init: embedding N(0, 1), head N(0, 1e-3), blocks uniform, injection [I | 0]."""
+        nn.init.normal_(self.embed.weight, 0.0, 1.0)
+        nn.init.normal_(self.head.weight, 0.0, 1e-3)
+        for b in self.blocks():
+            b.init_paper()
+        for m in self.modules():
+            if isinstance(m, RMSNorm):
+                m.weight.fill_(1.0)
+        if self.cfg.is_looped:
+            self.inject.reset_parameters()
+
+    def blocks(self) -> Iterator[Block]:
+        yield from self.prelude
+        yield from self.recur
+        yield from self.coda
+
+    # ---- forward ---------------------------------------------------------------------------
+    def _stack(self, blocks: nn.ModuleList, x: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        for b in blocks:
+            x, kv = b(x, cache.take() if cache is not None else None)
+            if cache is not None:
+                cache.put(kv)
+        return x
+
+    def forward(self, idx: torch.Tensor, *, r: int | None = None, cache: KVCache | None = None) -> torch.Tensor:
+        """Logits [B, T, vocab_padded] in fp32. ``r`` overrides the recurrences (looped models only)."""
+        cfg = self.cfg
+        r = self._check_r(r)
+        if cache is not None:
+            cache.begin()
+        x = self.norm_emb(self.embed(idx))
+        x = self._stack(self.prelude, x, cache)
+        if not cfg.is_looped:
+            x = self._stack(self.recur, x, cache)
+        else:
+            x = self._loop(x, r, cache)
+        x = self._stack(self.coda, x, cache)
+        logits = self.head(self.norm_final(x)).float()
+        if cfg.softcap is not None:
+            logits = cfg.softcap * torch.tanh(logits / cfg.softcap)
+        return logits
+
+    def _loop(self, e: torch.Tensor, r: int, cache: KVCache | None) -> torch.Tensor:
+        k = self.cfg.k_grad if r == self.cfg.r else r
+        n_detached = r - k if torch.is_grad_enabled() else 0
+        state = self.inject.init(e)
+        for i in range(r):
+            ctx = torch.no_grad() if i < n_detached else contextlib.nullcontext()
+            with ctx:
+                u = self.inject.input(i, e, state)
+                s = self.norm_recur(self._stack(self.recur, u, cache))
+                state = self.inject.update(i, state, s)
+        return self.inject.readout(state)
+
+    def _check_r(self, r: int | None) -> int:
+        if r is None or r == self.cfg.r:
+            return self.cfg.r
+        if r < 1:
+            raise ConfigError("r", "must be a positive number of recurrences", value=r)
+        if not self.cfg.is_looped:
+            raise ConfigError("r", "the r = 1 baseline is a plain stack; only looped models can change r",
+                              value=r)
+        if isinstance(self.inject, HyperConnect) and r > self.cfg.r:
+            raise ConfigError("r", f"hyperconnect has lane scalars for {self.cfg.r} recurrences only",
+                              value=r)
+        return r
+
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor, *, r: int | None = None) -> torch.Tensor:
+        """Mean next-token cross-entropy in nats (targets -1 are ignored)."""
+        logits = self(idx, r=r)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, *, r: int | None = None,
+                 stop: int | None = None) -> torch.Tensor:
+        """Greedy decoding with the looped KV cache (vocab padding never sampled)."""
+        cache = KVCache()
+        logits = self(idx, r=r, cache=cache)
+        out = []
+        V = self.cfg.vocab_size
+        for _ in range(max_new_tokens):
+            nxt = logits[:, -1, :V].argmax(dim=-1, keepdim=True)
+            out.append(nxt)
+            if stop is not None and bool((nxt == stop).all()):
+                break
+            logits = self(nxt, r=r, cache=cache)
+        return torch.cat(out, dim=1) if out else idx[:, :0]
+
+    # ---- parameter bookkeeping ---------------------------------------------------------------
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        """Optimiser groups: 2-D block/injection matrices, embedding, head, norm scales, lane scalars."""
+        groups: dict[str, list[nn.Parameter]] = {"matrix": [], "embed": [], "head": [], "norm": [],
+                                                 "scalar": []}
+        for b in self.blocks():
+            for name, p in b.named_parameters():
+                groups["norm" if name.startswith("norm") else "matrix"].append(p)
+        groups["embed"].append(self.embed.weight)
+        groups["head"].append(self.head.weight)
+        groups["norm"] += [self.norm_emb.weight, self.norm_final.weight]
+        if self.cfg.is_looped:
+            groups["norm"].append(self.norm_recur.weight)
+            for p in self.inject.parameters():
+                groups["matrix" if p.dim() == 2 and not isinstance(self.inject, HyperConnect) else "scalar"].append(p)
+        return groups
+
+    def count_params(self) -> dict[str, int]:
+        """The accounting's grouping, counted from the real parameters (tests compare the two)."""
+
+        def n(ps: Iterator[nn.Parameter] | list[nn.Parameter]) -> int:
+            return sum(p.numel() for p in ps)
+
+        def block_matrices(bs: nn.ModuleList) -> int:
+            return sum(p.numel() for b in bs for name, p in b.named_parameters() if not name.startswith("norm"))
+
+        N_once = block_matrices(self.prelude) + block_matrices(self.coda)
+        N_rec = block_matrices(self.recur) + (n(self.inject.parameters()) if self.cfg.is_looped else 0)
+        groups = self.param_groups()
+        return {
+            "N_once": N_once,
+            "N_rec": N_rec,
+            "N_emb": n(groups["embed"]) + n(groups["head"]),
+            "N_norm": n(groups["norm"]),
+            "N_total": n(self.parameters()),
+        }
