@@ -66,13 +66,16 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, kv: KV | None = None) -> tuple[torch.Tensor, KV]:
         B, T, _ = x.shape
-        shape = (B, T, self.n_head, self.head_dim)
-        q = self.q(x).view(shape).transpose(1, 2)
-        k = self.k(x).view(shape).transpose(1, 2)
-        v = self.v(x).view(shape).transpose(1, 2)
+        # One GEMM for q, k, v (the weights stay separate matrices, as the optimiser sees them).
+        w = torch.cat((self.q.weight, self.k.weight, self.v.weight))
+        qkv = F.linear(x, w).view(B, T, 3, self.n_head, self.head_dim)
+        qk = qkv[:, :, :2].permute(2, 0, 3, 1, 4)  # [2, B, H, T, hd]
+        v = qkv[:, :, 2].transpose(1, 2)
         past = 0 if kv is None else kv[0].size(2)
-        q = F.rms_norm(self.rotary(q, past), (self.head_dim,), eps=self.eps)
-        k = F.rms_norm(self.rotary(k, past), (self.head_dim,), eps=self.eps)
+        # QK-norm after RoPE; RoPE is a rotation, so rms(rope(q)) = rms(q) and the order is free:
+        # normalising first lets q and k share one norm and one rotation call.
+        qk = self.rotary(F.rms_norm(qk, (self.head_dim,), eps=self.eps), past)
+        q, k = qk[0], qk[1]
         if kv is not None:
             k = torch.cat((kv[0], k), dim=2)
             v = torch.cat((kv[1], v), dim=2)
