@@ -7,6 +7,19 @@ import torch
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _cache_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Tests never write into the user's cache; packed token rows are shared within a session."""
+    os.environ["LOOPSCALE_CACHE"] = str(tmp_path_factory.mktemp("loopscale-cache"))
+
+
+# A small embedded-default data config: real text capped, a small world (fast to build and pack).
+TINY_DATA = {"real_text_bytes": 400_000, "world": {"n_entities": 60, "n_unseen_entities": 20,
+                                                  "eval_per_task": 20}}
+TINY_MODEL = {"d_model": 32, "head_dim": 16, "L_eff": 6, "n_prelude": 1, "n_coda": 1, "seq_len": 64,
+              "vocab_size": 257}
+
+
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)

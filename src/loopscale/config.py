@@ -146,6 +146,8 @@ def parse_value(text: str) -> Any:
     """Parse an override value as a TOML literal (numbers, bools, lists, strings), else a string."""
     import tomllib
 
+    if text.strip().lower() in ("null", "none"):
+        return None  # unset a default, e.g. --set run.steps=null --set run.budget=1e15
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:

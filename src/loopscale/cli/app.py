@@ -41,7 +41,7 @@ def run_app(argv: list[str] | None = None) -> int:
         if debug:
             raise
         err_console.print(f"[bold red]error:[/] {err}", markup=True, highlight=False, soft_wrap=True)
-        return 2
+        return int(getattr(err, "exit_code", 2))
     except KeyboardInterrupt:
         err_console.print("interrupted; rerun the same command to resume")
         return 130

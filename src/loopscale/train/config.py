@@ -1,0 +1,130 @@
+"""The training config: [model] + [data] + [optim] + [run], loaded from TOML/YAML with --set overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from loopscale import accounting
+from loopscale.config import ModelConfig, StrictModel, apply_overrides, load_mapping, validate
+from loopscale.data.config import DataConfig
+from loopscale.errors import ConfigError
+from loopscale.optim import OptimConfig
+
+
+class RunConfig(StrictModel):
+    """Length, batch, evaluation, checkpoints and hardware of one run."""
+
+    budget: float | None = Field(None, gt=0, description="FLOP budget C; tokens D = C / F (accounting)")
+    tokens: float | None = Field(None, gt=0, description="training tokens D (instead of budget)")
+    steps: int | None = Field(None, gt=0, description="optimiser steps (instead of budget or tokens)")
+    batch_size: int = Field(32, gt=0, description="rows of T tokens per optimiser step, all ranks together")
+    micro_batch: int | None = Field(None, gt=0, description="rows per forward pass (gradient accumulation)")
+    seed: int = Field(0, ge=0, description="model init; data order comes from data.seed")
+    min_steps: int = Field(20, ge=1, description="refuse runs shorter than this many steps")
+    val_tokens: int = Field(131072, gt=0, description="held-out tokens for the validation loss")
+    eval_every: int = Field(0, ge=0, description="validation every N steps (0: only at the end)")
+    log_every: int = Field(10, gt=0)
+    ckpt_every: int = Field(100, ge=0, description="checkpoint every N steps (0: only on a signal)")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="autocast dtype; auto = bfloat16 on CUDA, float32 on CPU")
+    compile: bool = Field(False, description="torch.compile each block (CPU ~1.5x at tiny widths)")
+    threads: int | None = Field(None, gt=0, description="torch threads (default: available cores / ranks)")
+    keep_checkpoint: bool = Field(False, description="keep ckpt.pt after a finished run")
+    track: Literal["none", "wandb", "tensorboard"] = "none"
+    fail_at_step: int | None = Field(None, ge=0, description="testing: raise at this step")
+
+    @model_validator(mode="after")
+    def _check(self) -> RunConfig:
+        given = [k for k in ("budget", "tokens", "steps") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ConfigError(given[1], f"give only one of budget, tokens, steps (also set: {given[0]})")
+        if self.micro_batch is not None and self.batch_size % self.micro_batch:
+            raise ConfigError("micro_batch", f"must divide batch_size={self.batch_size}", value=self.micro_batch)
+        return self
+
+
+DEFAULT_STEPS = 200
+DEFAULT_MODEL: dict[str, Any] = {
+    "d_model": 64, "head_dim": 16, "L_eff": 12, "n_prelude": 2, "n_coda": 2, "r": 4,
+    "seq_len": 256, "vocab_size": 257,
+}
+
+
+class TrainConfig(StrictModel):
+    model: ModelConfig = Field(default_factory=lambda: ModelConfig(**DEFAULT_MODEL))
+    data: DataConfig = Field(default_factory=DataConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    run: RunConfig = Field(default_factory=lambda: RunConfig(steps=DEFAULT_STEPS))
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.run.batch_size * self.model.seq_len
+
+    def total_steps(self) -> int:
+        """Steps from budget, tokens or steps (budget: round(C / (F B T)), as the accounting does)."""
+        run = self.run
+        if run.steps is not None:
+            return run.steps
+        if run.tokens is not None:
+            return round(run.tokens / self.tokens_per_step)
+        if run.budget is not None:
+            return accounting.steps_for_budget(self.model, run.budget, self.tokens_per_step)
+        raise ConfigError("run", "set one of run.budget, run.tokens or run.steps")
+
+    def check_length(self) -> int:
+        steps = self.total_steps()
+        if steps < self.run.min_steps:
+            what = "budget" if self.run.budget else ("tokens" if self.run.tokens else "steps")
+            f = accounting.train_flops_per_token(self.model)
+            raise ConfigError(
+                f"run.{what}",
+                f"gives {steps} steps of {self.tokens_per_step} tokens (F = {f:.3g} FLOPs/token), fewer than "
+                f"run.min_steps={self.run.min_steps}: too short for a meaningful loss; raise it or lower "
+                "run.batch_size",
+                value=getattr(self.run, what),
+            )
+        return steps
+
+    def as_toml_dict(self) -> dict[str, Any]:
+        return _drop_none(self.model_dump(mode="json"))
+
+
+def _drop_none(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _drop_none(v) for k, v in obj.items() if v is not None}
+    return obj
+
+
+def load_train_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """Defaults <- file <- --set overrides, validated with one-line errors naming file and field."""
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        data = load_mapping(path)
+        source = str(path)
+    if overrides:
+        data = apply_overrides(data, overrides)
+        source = f"{source} + --set" if path else "--set"
+    user_model = dict(data.get("model") or {})
+    model = dict(DEFAULT_MODEL)
+    if "s" in user_model or "d_model" in user_model:
+        model.pop("d_model")  # the user's width wins, in either unit
+    model.update(user_model)
+    run = dict(data.get("run") or {})
+    if not any(k in run for k in ("budget", "tokens", "steps")):
+        run["steps"] = DEFAULT_STEPS
+    merged = {**data, "model": model, "run": run}
+    return validate(TrainConfig, merged, source=source)
+
+
+def describe_length(cfg: TrainConfig) -> dict[str, Any]:
+    """Steps, tokens, FLOPs and tokens per parameter of a run, as the accounting computes them."""
+    steps = cfg.total_steps()
+    f = accounting.train_flops_per_token(cfg.model)
+    tokens = steps * cfg.tokens_per_step
+    return {"steps": steps, "tokens": tokens, "flops": tokens * f, "flops_per_token": f,
+            "tokens_per_param": tokens / accounting.N_unique(cfg.model)}

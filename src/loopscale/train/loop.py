@@ -1,0 +1,365 @@
+"""One training run: config -> run dir with metrics.jsonl, checkpoints, weights and result.json.
+
+The trainer composes small parts (config, batches, model, optim, checkpoint, hardware) and owns
+only the loop. Contract with the rest of loopscale:
+
+* ``result.json`` is written (atomically) exactly when the run reaches a terminal status:
+  ``ok``, ``diverged`` (non-finite or exploding loss) or ``failed`` (an exception, recorded with
+  its message and traceback); interrupted runs leave a checkpoint and no result;
+* a run dir with ``result.json`` status ok is finished: calling ``train`` again returns it;
+* otherwise ``train`` resumes from ``ckpt.pt`` and continues the exact trajectory (data position
+  from the step number, model and optimiser state from the checkpoint).
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+import traceback
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+import tomli_w
+
+from loopscale import accounting
+from loopscale.errors import ConfigError, LoopscaleError
+from loopscale.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl
+from loopscale.model import LoopedLM
+from loopscale.optim import build_optimizers
+from loopscale.train import checkpoint as ck
+from loopscale.train.batches import TokenData, load_token_data
+from loopscale.train.config import TrainConfig
+from loopscale.train.hardware import (
+    autocast,
+    hardware_info,
+    peak_flops,
+    resolved_dtype,
+    setup_dist,
+    setup_threads,
+    versions,
+)
+
+RESULT = "result.json"
+METRICS = "metrics.jsonl"
+
+
+class RunInterrupted(LoopscaleError):
+    """SIGTERM/SIGINT: a checkpoint was saved; rerunning the same command resumes."""
+
+    def __init__(self, message: str, signum: int = signal.SIGTERM) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + int(signum)
+
+
+class TrainingFailed(LoopscaleError):
+    """The run raised; result.json holds status 'failed' and the error."""
+
+
+class _Signals:
+    """Turn SIGTERM/SIGINT into a flag checked between steps (SLURM preemption sends SIGTERM)."""
+
+    def __init__(self) -> None:
+        self.caught: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.caught is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C stops at once
+        self.caught = signum
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def read_result(run_dir: Path) -> dict[str, Any] | None:
+    import json
+
+    p = Path(run_dir) / RESULT
+    if not p.exists():
+        return None
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _config_text(cfg: TrainConfig) -> str:
+    return tomli_w.dumps(cfg.as_toml_dict())
+
+
+def _prepare_dir(run_dir: Path, cfg: TrainConfig, is_main: bool) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    text = _config_text(cfg)
+    cfg_path = run_dir / ck.CONFIG
+    if cfg_path.exists() and (run_dir / ck.CKPT).exists() and cfg_path.read_text(encoding="utf-8") != text:
+        raise ConfigError("--out", f"{run_dir} holds a checkpoint of a different config; use a new dir",
+                          value=str(run_dir))
+    if is_main:
+        atomic_write_text(cfg_path, text)
+
+
+@torch.no_grad()
+def evaluate_loss(model: torch.nn.Module, rows: torch.Tensor, *, micro_batch: int, device: torch.device,
+                  dtype: str, dist_world: int = 1, rank: int = 0) -> float:
+    """Mean next-token loss (nats/token) over validation rows, sharded across ranks."""
+    was_training = model.training
+    model.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=device)
+    mine = rows[rank::dist_world]
+    for i in range(0, mine.size(0), micro_batch):
+        chunk = mine[i : i + micro_batch].to(device)
+        x, y = chunk[:, :-1], chunk[:, 1:]
+        with autocast(device, dtype):
+            logits = model(x)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1),
+                                                 reduction="sum")
+        total[0] += loss.double()
+        total[1] += y.numel()
+    if dist_world > 1:
+        torch.distributed.all_reduce(total)
+    model.train(was_training)
+    return float(total[0] / total[1])
+
+
+def result_fields(cfg: TrainConfig) -> dict[str, Any]:
+    """The accounting columns every result carries (the runs table reads them)."""
+    m = cfg.model
+    a = accounting.account(m)
+    return {
+        "r": m.r, "d_model": m.width, "n_prelude": m.n_prelude, "n_recur": m.n_recur, "n_coda": m.n_coda,
+        "L_eff": m.L_eff, "layout": m.layout, "injection": m.injection, "bptt_k": m.bptt_k,
+        "N_once": a.N_once, "N_rec": a.N_rec, "N_emb": a.N_emb, "N_norm": a.N_norm, "N_total": a.N_total,
+        "flops_per_token": a.flops_per_token, "seq_len": m.seq_len, "batch_size": cfg.run.batch_size,
+    }
+
+
+def train(cfg: TrainConfig, run_dir: str | Path, *, progress: bool = True,
+          on_step: Any = None) -> dict[str, Any]:
+    """Run (or resume, or return the finished) training run in ``run_dir``. Returns result.json's dict.
+
+    Raises RunInterrupted on SIGTERM/SIGINT (after checkpointing) and TrainingFailed when the run
+    raised (after recording it). ``on_step(step, total)`` is called after every step (sweep progress).
+    """
+    run_dir = Path(run_dir)
+    done = read_result(run_dir)
+    if done is not None and done.get("status") == "ok":
+        return done
+    total_steps = cfg.check_length()
+    dist, device = setup_dist(cfg.run.device)
+    threads = setup_threads(cfg.run.threads, dist)
+    _prepare_dir(run_dir, cfg, dist.is_main)
+    t_start = time.time()
+    try:
+        return _train(cfg, run_dir, total_steps, dist, device, threads, t_start, progress, on_step)
+    except (RunInterrupted, KeyboardInterrupt):
+        raise
+    except LoopscaleError:
+        raise
+    except Exception as exc:
+        if dist.is_main:
+            record = {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
+                      "traceback": traceback.format_exc(), **result_fields(cfg),
+                      "wall_s": time.time() - t_start, "versions": versions()}
+            atomic_write_json(run_dir / RESULT, record)
+        raise TrainingFailed(f"{run_dir}: run failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device: torch.device,
+           threads: int, t_start: float, progress: bool, on_step: Any) -> dict[str, Any]:
+    run = cfg.run
+    B = run.batch_size
+    if B % dist.world:
+        raise ConfigError("run.batch_size", f"must be divisible by the {dist.world} processes", value=B)
+    per_rank = B // dist.world
+    micro = min(run.micro_batch or per_rank, per_rank)
+    if per_rank % micro:
+        raise ConfigError("run.micro_batch", f"must divide the {per_rank} rows per process", value=micro)
+    n_micro = per_rank // micro
+
+    data: TokenData = load_token_data(cfg.data, cfg.model.seq_len)
+    if cfg.model.vocab_size < data.tokenizer.vocab_size:
+        raise ConfigError("model.vocab_size", f"smaller than the tokenizer's vocabulary "
+                          f"({data.tokenizer.vocab_size})", value=cfg.model.vocab_size)
+    val_rows = data.val_rows(run.val_tokens)
+
+    torch.manual_seed(run.seed)
+    model = LoopedLM(cfg.model).to(device)
+    f_token = accounting.train_flops_per_token(cfg.model)
+    tokens_per_step = cfg.tokens_per_step
+    opt = build_optimizers(model.param_groups(), cfg.optim, d_model=cfg.model.width,
+                           tokens_per_step=tokens_per_step, total_tokens=total_steps * tokens_per_step)
+    start = 0
+    state = ck.load_checkpoint(run_dir)
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optim"])
+        torch.set_rng_state(state["torch_rng"])
+        start = int(state["step"])
+        if dist.is_main:  # drop log lines written after the checkpoint (they will be redone)
+            kept = [r for r in read_jsonl(run_dir / METRICS) if r.get("step", -1) <= start]
+            atomic_write_text(run_dir / METRICS, "".join(_jsonl(r) for r in kept))
+    elif dist.is_main:
+        (run_dir / METRICS).unlink(missing_ok=True)
+    if run.compile:
+        for b in model.blocks():
+            b.compile()
+    train_model: torch.nn.Module = model
+    if dist.world > 1:
+        train_model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    dtype = resolved_dtype(device, run.dtype)
+    peak = peak_flops(device, run.dtype)
+    diverge_at = 2.0 * math.log(cfg.model.vocab_size) + 1.0
+
+    bar = _progress_bar(progress and dist.is_main, total_steps, start, run_dir.name)
+    status, last_loss, val_loss = "ok", float("nan"), float("nan")
+    t_log, tokens_since = time.time(), 0
+    with _Signals() as sig, bar:
+        model.train()
+        for step in range(start, total_steps):
+            if run.fail_at_step is not None and step == run.fail_at_step:
+                raise RuntimeError(f"injected failure at step {step} (run.fail_at_step)")
+            lr_mult = opt.set_lr_for_step(step, total_steps)
+            loss_sum = torch.zeros((), device=device)
+            for m_i in range(n_micro):
+                lo = dist.rank * per_rank + m_i * micro
+                x, y = data.batch(step, B, lo, lo + micro, seed=cfg.data.seed)
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                sync = nullcontext() if (dist.world == 1 or m_i == n_micro - 1) else train_model.no_sync()
+                with sync, autocast(device, dtype):
+                    logits = train_model(x)
+                    loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
+                (loss / n_micro).backward()
+                loss_sum += loss.detach()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            step_loss = loss_sum / n_micro
+            if dist.world > 1:
+                torch.distributed.all_reduce(step_loss, op=torch.distributed.ReduceOp.AVG)
+            last_loss = float(step_loss)
+            tokens_since += tokens_per_step
+            done_steps = step + 1
+            if not math.isfinite(last_loss) or last_loss > diverge_at:
+                status = "diverged"
+                break
+            is_log = done_steps % run.log_every == 0 or done_steps == total_steps
+            is_eval = run.eval_every and done_steps % run.eval_every == 0 and done_steps < total_steps
+            if is_log or is_eval:
+                dt = time.time() - t_log
+                rec: dict[str, Any] = {"step": done_steps, "tokens": done_steps * tokens_per_step,
+                                       "lr_mult": lr_mult, "train_loss": last_loss,
+                                       "tokens_per_s": tokens_since / dt if dt > 0 else None}
+                rec["flops_per_s"] = (rec["tokens_per_s"] or 0) * f_token
+                if peak:
+                    rec["mfu"] = rec["flops_per_s"] / (peak * dist.world)
+                if is_eval:
+                    rec["val_loss"] = evaluate_loss(model, val_rows, micro_batch=micro, device=device,
+                                                    dtype=dtype, dist_world=dist.world, rank=dist.rank)
+                if dist.is_main:
+                    append_jsonl(run_dir / METRICS, rec)
+                t_log, tokens_since = time.time(), 0
+            bar.advance(last_loss)
+            if on_step is not None:
+                on_step(done_steps, total_steps)
+            stop = sig.caught is not None
+            if dist.world > 1:
+                flag = torch.tensor(float(stop), device=device)
+                torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+                stop = bool(flag.item())
+            periodic = run.ckpt_every and done_steps % run.ckpt_every == 0 and done_steps < total_steps
+            if (periodic or stop) and dist.is_main:
+                ck.save_checkpoint(run_dir, model=model, optimizers=opt, step=done_steps, extra={})
+            if stop:
+                if dist.world > 1:
+                    torch.distributed.barrier()
+                raise RunInterrupted(f"{run_dir}: stopped by signal {sig.caught} at step {done_steps}/"
+                                     f"{total_steps}; checkpoint saved, rerun to resume", sig.caught)
+
+    if status == "ok":
+        val_loss = evaluate_loss(model, val_rows, micro_batch=micro, device=device, dtype=dtype,
+                                 dist_world=dist.world, rank=dist.rank)
+        if not math.isfinite(val_loss):
+            status = "diverged"
+    steps_done = done_steps if total_steps > start else start
+    tokens = steps_done * tokens_per_step
+    wall = time.time() - t_start
+    result: dict[str, Any] = {
+        "status": status,
+        "val_loss": val_loss if status == "ok" else None,
+        "train_loss": last_loss,
+        "steps": steps_done,
+        "total_steps": total_steps,
+        "D": tokens,
+        "C": cfg.run.budget if cfg.run.budget else tokens * f_token,
+        "flops": tokens * f_token,
+        "val_tokens": int(val_rows.size(0) * (val_rows.size(1) - 1)),
+        **result_fields(cfg),
+        "tokens_per_param": tokens / (accounting.N_unique(cfg.model)),
+        "wall_s": wall,
+        "dtype": dtype,
+        "world_size": dist.world,
+        "hardware": hardware_info(device),
+        "versions": versions(),
+        "data_fingerprint": data.fingerprint,
+        "threads": threads,
+    }
+    if status == "diverged":
+        result["error"] = f"loss {last_loss:.4g} at step {steps_done} (non-finite or above {diverge_at:.3g})"
+    if dist.is_main:
+        if status == "ok":
+            ck.save_weights(run_dir, model)
+            append_jsonl(run_dir / METRICS, {"step": steps_done, "tokens": tokens, "val_loss": val_loss,
+                                             "final": True})
+        atomic_write_json(run_dir / RESULT, result)
+        if not cfg.run.keep_checkpoint:
+            (run_dir / ck.CKPT).unlink(missing_ok=True)
+    if dist.world > 1:
+        torch.distributed.barrier()
+    return result
+
+
+def _jsonl(rec: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(rec) + "\n"
+
+
+class _progress_bar:
+    """A rich progress bar with loss and ETA (no-op when disabled)."""
+
+    def __init__(self, enabled: bool, total: int, start: int, name: str) -> None:
+        self.enabled = enabled
+        if enabled:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            from loopscale.cli.app import err_console
+
+            self._p = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                               TextColumn("{task.completed}/{task.total}"), TextColumn("loss {task.fields[loss]}"),
+                               TimeRemainingColumn(), console=err_console, transient=True)
+            self._task = self._p.add_task(name, total=total, completed=start, loss="-")
+
+    def __enter__(self) -> _progress_bar:
+        if self.enabled:
+            self._p.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.enabled:
+            self._p.__exit__(*exc)
+
+    def advance(self, loss: float) -> None:
+        if self.enabled:
+            self._p.update(self._task, advance=1, loss=f"{loss:.3f}")

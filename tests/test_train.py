@@ -1,0 +1,202 @@
+"""The training engine: budgets, results, divergence, failures, resume, identical token streams."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import TINY_DATA, TINY_MODEL
+from loopscale.errors import ConfigError
+from loopscale.train import RunInterrupted, TrainingFailed, load_train_config, read_result, train
+from loopscale.train.batches import TokenData
+
+FAST_OPTIM = ["optim.transfer=false"]
+
+
+def cfg_with(*overrides: str, r: int = 2, steps: int = 30, path: Path | None = None):
+    sets = [f"model.{k}={json.dumps(v)}" for k, v in TINY_MODEL.items()] + [f"model.r={r}"]
+    sets += [f"data.real_text_bytes={TINY_DATA['real_text_bytes']}"]
+    sets += [f"data.world.{k}={v}" for k, v in TINY_DATA["world"].items()]
+    sets += [f"run.steps={steps}", "run.batch_size=8", "run.threads=1", "run.val_tokens=4096", "run.log_every=5",
+             "run.min_steps=5", *FAST_OPTIM, *overrides]
+    return load_train_config(path, sets)
+
+
+def write_toml(tmp_path: Path, cfg) -> Path:
+    import tomli_w
+
+    p = tmp_path / "cfg.toml"
+    p.write_text(tomli_w.dumps(cfg.as_toml_dict()))
+    return p
+
+
+def test_tiny_looped_model_learns_far_below_unigram_entropy(tmp_path: Path) -> None:
+    from loopscale.data.mixture import build_default
+
+    cfg = cfg_with(r=4, steps=150)
+    res = train(cfg, tmp_path / "run", progress=False)
+    entropy = build_default(cfg.data).describe()["train"]["unigram_entropy_nats"]
+    assert res["status"] == "ok"
+    assert res["val_loss"] < entropy - 0.4, (res["val_loss"], entropy)
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert lines[0]["train_loss"] > lines[-2]["train_loss"]
+    assert {"step", "tokens", "lr_mult", "train_loss", "tokens_per_s", "flops_per_s"} <= set(lines[0])
+    for key in ("r", "N_once", "N_rec", "D", "C", "val_loss", "flops_per_token", "wall_s", "hardware"):
+        assert key in res
+    assert (tmp_path / "run" / "model.safetensors").exists() and not (tmp_path / "run" / "ckpt.pt").exists()
+
+
+def test_budget_sets_steps_from_accounting_and_short_runs_are_refused() -> None:
+    from loopscale import accounting
+
+    cfg = cfg_with("run.budget=2e11", "run.steps=null")
+    f = accounting.train_flops_per_token(cfg.model)
+    assert cfg.total_steps() == round(2e11 / (f * 8 * 64))
+    with pytest.raises(ConfigError, match=r"run\.budget: gives \d+ steps"):
+        cfg_with("run.budget=1e9", "run.steps=null", "run.min_steps=20").check_length()
+
+
+def test_finished_run_is_returned_not_retrained(tmp_path: Path) -> None:
+    cfg = cfg_with(steps=10)
+    first = train(cfg, tmp_path / "run", progress=False)
+    mtime = (tmp_path / "run" / "result.json").stat().st_mtime_ns
+    again = train(cfg, tmp_path / "run", progress=False)
+    assert again == first and (tmp_path / "run" / "result.json").stat().st_mtime_ns == mtime
+
+
+def test_failure_is_recorded_with_its_error(tmp_path: Path) -> None:
+    with pytest.raises(TrainingFailed, match="injected failure"):
+        train(cfg_with("run.fail_at_step=3"), tmp_path / "run", progress=False)
+    res = read_result(tmp_path / "run")
+    assert res["status"] == "failed" and "injected failure at step 3" in res["error"]
+    assert "Traceback" in res["traceback"] and res["N_once"] > 0
+
+
+def test_nan_loss_stops_the_run_as_diverged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from loopscale.model import LoopedLM
+
+    calls = {"n": 0}
+    forward = LoopedLM.forward
+
+    def poisoned(self, idx, **kw):
+        calls["n"] += 1
+        out = forward(self, idx, **kw)
+        return out * math.nan if calls["n"] > 4 else out
+
+    monkeypatch.setattr(LoopedLM, "forward", poisoned)
+    res = train(cfg_with(steps=20), tmp_path / "run", progress=False)
+    assert res["status"] == "diverged" and res["val_loss"] is None and res["steps"] == 5
+    assert "non-finite" in res["error"]
+
+
+def test_r1_and_r8_consume_identical_token_streams(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[int, list[torch.Tensor]] = {1: [], 8: []}
+    current = {"r": 1}
+    batch = TokenData.batch
+
+    def spy(self, *a, **kw):
+        x, y = batch(self, *a, **kw)
+        seen[current["r"]].append(x.clone())
+        return x, y
+
+    monkeypatch.setattr(TokenData, "batch", spy)
+    for r in (1, 8):
+        current["r"] = r
+        train(cfg_with(r=r, steps=6, **{}) if False else cfg_with("model.L_eff=10", r=r, steps=6),
+              tmp_path / f"r{r}", progress=False)
+    assert len(seen[1]) == len(seen[8]) == 6
+    assert all(torch.equal(a, b) for a, b in zip(seen[1], seen[8], strict=True))
+
+
+def _cli(args: list[str], **kw) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "loopscale", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    t0 = time.time()
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() - t0 < timeout
+        time.sleep(0.05)
+
+
+def test_sigkill_then_resume_gives_bitwise_the_same_val_loss(tmp_path: Path) -> None:
+    cfg = cfg_with("run.ckpt_every=5", steps=40)
+    cfg_path = write_toml(tmp_path, cfg)
+    straight = train(cfg, tmp_path / "straight", progress=False)
+
+    proc = _cli(["train", str(cfg_path), "--out", str(tmp_path / "killed"), "--no-progress"])
+    _wait_for(tmp_path / "killed" / "ckpt.pt", proc)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert read_result(tmp_path / "killed") is None
+    resumed = train(cfg, tmp_path / "killed", progress=False)
+    assert resumed["val_loss"] == straight["val_loss"]
+    steps = [json.loads(x)["step"] for x in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps) and len(steps) == len(set(steps)) + 1  # the final line repeats the last step
+
+
+def test_sigterm_leaves_a_resumable_checkpoint_and_exits_cleanly(tmp_path: Path) -> None:
+    cfg = cfg_with("run.ckpt_every=0", steps=400)
+    cfg_path = write_toml(tmp_path, cfg)
+    proc = _cli(["train", str(cfg_path), "--out", str(tmp_path / "run"), "--no-progress"])
+    _wait_for(tmp_path / "run" / "metrics.jsonl", proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "checkpoint saved" in err and "Traceback" not in err
+    state = torch.load(tmp_path / "run" / "ckpt.pt", weights_only=False)
+    assert 0 < state["step"] < 400
+    assert read_result(tmp_path / "run") is None
+
+
+def test_run_interrupted_is_raised_in_process_on_sigterm(tmp_path: Path) -> None:
+    cfg = cfg_with(steps=50)
+
+    def on_step(step: int, total: int) -> None:
+        if step == 7:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    from loopscale.train.loop import train as run
+
+    with pytest.raises(RunInterrupted, match="step 7/50"):
+        run(cfg, tmp_path / "run", progress=False, on_step=on_step)
+    assert torch.load(tmp_path / "run" / "ckpt.pt", weights_only=False)["step"] == 7
+
+
+@pytest.mark.parametrize(
+    ("sets", "match"),
+    [
+        (["run.epochs=3"], r"run\.epochs: unknown key"),
+        (["run.batch_size='many'"], r"run\.batch_size: .*integer"),
+        (["data.text_dir='/nonexistent/loopscale'"], r"text_dir"),
+        (["model.vocab_size=200"], r"model\.vocab_size: smaller than the tokenizer's vocabulary \(257\)"),
+        (["run.micro_batch=3"], r"run\.micro_batch: must divide"),
+    ],
+)
+def test_bad_training_configs_fail_with_one_line_naming_the_culprit(tmp_path: Path, sets, match) -> None:
+    with pytest.raises(ConfigError, match=match) as info:
+        cfg = cfg_with(*sets)
+        train(cfg, tmp_path / "run", progress=False)
+    assert "\n" not in str(info.value)
+
+
+def test_cli_reports_user_errors_in_one_line_without_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[run]\nstepz = 3\n")
+    proc = _cli(["train", str(bad)])
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert err.strip().splitlines() == [f"error: {bad} + --set: run.stepz: unknown key (got 3)"] or \
+        err.strip().startswith(f"error: {bad}: run.stepz: unknown key")
+    assert "Traceback" not in err
