@@ -106,10 +106,7 @@ class LoopedLM(nn.Module):
             cache.begin()
         x = self.norm_emb(self.embed(idx))
         x = self._stack(self.prelude, x, cache)
-        if not cfg.is_looped:
-            x = self._stack(self.recur, x, cache)
-        else:
-            x = self._loop(x, r, cache)
+        x = self._stack(self.recur, x, cache) if not cfg.is_looped else self._loop(x, r, cache)
         x = self._stack(self.coda, x, cache)
         logits = self.head(self.norm_final(x)).float()
         if cfg.softcap is not None:

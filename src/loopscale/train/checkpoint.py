@@ -44,10 +44,10 @@ def load_model(path: str | Path, *, device: str = "cpu"):
     """Load a trained model from a run dir (or its model.safetensors) with its resolved config."""
     from safetensors.torch import load_file
 
+    from loopscale.config import load_mapping, validate
     from loopscale.errors import ConfigError
     from loopscale.model import LoopedLM
     from loopscale.train.config import TrainConfig
-    from loopscale.config import load_mapping, validate
 
     p = Path(path)
     run_dir = p if p.is_dir() else p.parent

@@ -83,8 +83,8 @@ def peak_flops(device: torch.device, dtype: str) -> float | None:
 
 def hardware_info(device: torch.device) -> dict[str, Any]:
     cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as fh:
+        for line in fh:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break

@@ -21,8 +21,8 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-import torch
 import tomli_w
+import torch
 
 from loopscale import accounting
 from loopscale.errors import ConfigError, LoopscaleError
@@ -41,6 +41,7 @@ from loopscale.train.hardware import (
     setup_threads,
     versions,
 )
+from loopscale.train.track import make_tracker
 
 RESULT = "result.json"
 METRICS = "metrics.jsonl"
@@ -224,6 +225,7 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
     diverge_at = 2.0 * math.log(cfg.model.vocab_size) + 1.0
 
     bar = _progress_bar(progress and dist.is_main, total_steps, start, run_dir.name)
+    tracker = make_tracker(run.track if dist.is_main else "none", run_dir, cfg.as_toml_dict())
     status, last_loss, val_loss = "ok", float("nan"), float("nan")
     t_log, tokens_since = time.time(), 0
     with _Signals() as sig, bar:
@@ -269,6 +271,7 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
                                                     dtype=dtype, dist_world=dist.world, rank=dist.rank)
                 if dist.is_main:
                     append_jsonl(run_dir / METRICS, rec)
+                    tracker.log(rec)
                 t_log, tokens_since = time.time(), 0
             bar.advance(last_loss)
             if on_step is not None:
@@ -287,6 +290,7 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
                 raise RunInterrupted(f"{run_dir}: stopped by signal {sig.caught} at step {done_steps}/"
                                      f"{total_steps}; checkpoint saved, rerun to resume", sig.caught)
 
+    tracker.close()
     if status == "ok":
         val_loss = evaluate_loss(model, val_rows, micro_batch=micro, device=device, dtype=dtype,
                                  dist_world=dist.world, rank=dist.rank)
