@@ -21,10 +21,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plain_gpt import PlainGPT  # noqa: E402
-
-from loopscale.config import ModelConfig  # noqa: E402
-from loopscale.model import LoopedLM  # noqa: E402
+from loopscale.config import ModelConfig
+from loopscale.model import LoopedLM
+from plain_gpt import PlainGPT
 
 
 def hardware() -> str:

@@ -143,6 +143,9 @@ def result_fields(cfg: TrainConfig) -> dict[str, Any]:
         "L_eff": m.L_eff, "layout": m.layout, "injection": m.injection, "bptt_k": m.bptt_k,
         "N_once": a.N_once, "N_rec": a.N_rec, "N_emb": a.N_emb, "N_norm": a.N_norm, "N_total": a.N_total,
         "flops_per_token": a.flops_per_token, "seq_len": m.seq_len, "batch_size": cfg.run.batch_size,
+        # the architecture template, so a fit can rebuild the accounting for other widths
+        "vocab_size": m.vocab_size, "vocab_multiple": m.vocab_multiple, "head_dim": m.head_dim,
+        "mlp_ratio": m.mlp_ratio, "hc_lanes": m.hc_lanes,
     }
 
 

@@ -1,0 +1,136 @@
+"""Training-step throughput: tokens/s and achieved FLOP/s per r, width, dtype and compile mode,
+and the ratio to a plain PyTorch GPT training loop (AdamW) of the same shape.
+
+    python bench/train_throughput.py [--widths 64 128] [--dtypes float32 bfloat16] [--compile]
+
+A step is what the trainer does: forward, backward, optimiser step (MuonH + AdamW groups), zero_grad.
+All variants run in one process, interleaved, median of repeats. FLOP/s uses the accounting's F.
+On a CUDA machine it also prints MFU against the device's dense bf16 peak and peak memory per r.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loopscale import accounting
+from loopscale.config import ModelConfig
+from loopscale.model import LoopedLM
+from loopscale.optim import OptimConfig, build_optimizers
+from loopscale.train.hardware import autocast, peak_flops
+from model_step import hardware
+from plain_gpt import PlainGPT
+
+
+def make_step(model, opt, x, device, dtype):
+    def step() -> None:
+        with autocast(device, dtype):
+            logits = model(x[:, :-1]) if isinstance(model, LoopedLM) else None
+            if logits is not None:
+                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1))
+            else:
+                loss = model.loss(x[:, :-1], x[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--widths", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--rs", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--compile", action="store_true", help="also time per-block torch.compile (slow to build)")
+    ap.add_argument("--head-dim", type=int, default=32)
+    ap.add_argument("--L-eff", type=int, default=12)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--vocab", type=int, default=257)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    print(f"hardware: {hardware()}  device: {device}")
+    results = []
+    for d in args.widths:
+        x = torch.randint(0, args.vocab, (args.batch, args.seq_len + 1), device=device)
+        variants: dict[str, tuple] = {}
+        for dtype in args.dtypes:
+            plain = PlainGPT(args.vocab, d, args.L_eff, args.head_dim, args.seq_len).to(device)
+            popt = torch.optim.AdamW(plain.parameters(), lr=1e-3)
+            variants[f"plain {dtype}"] = (make_step(plain, popt, x, device, dtype), None)
+            for compiled in ([False, True] if args.compile else [False]):
+                for r in args.rs:
+                    cfg = ModelConfig(d_model=d, head_dim=args.head_dim, L_eff=args.L_eff, r=r,
+                                      seq_len=args.seq_len, vocab_size=args.vocab)
+                    m = LoopedLM(cfg).to(device)
+                    if compiled:
+                        for b in m.blocks():
+                            b.compile()
+                    opt = build_optimizers(m.param_groups(), OptimConfig(transfer=False), d_model=d,
+                                           tokens_per_step=args.batch * args.seq_len, total_tokens=1e9)
+                    name = f"r={r} {dtype}{' compile' if compiled else ''}"
+                    variants[name] = (make_step(m, opt, x, device, dtype), cfg)
+        for name, (step, _) in variants.items():  # warm-up (and compile)
+            t0 = time.perf_counter()
+            step()
+            step()
+            if "compile" in name:
+                print(f"  compiled {name} in {time.perf_counter() - t0:.1f} s")
+        times: dict[str, list[float]] = {k: [] for k in variants}
+        mem: dict[str, float] = {}
+        for _ in range(args.repeats):
+            for name, (step, _) in variants.items():
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                t0 = time.perf_counter()
+                for _ in range(args.steps):
+                    step()
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                    mem[name] = torch.cuda.max_memory_allocated() / 2**30
+                times[name].append((time.perf_counter() - t0) / args.steps)
+        tok = args.batch * args.seq_len
+        print(f"\nd_model={d} L_eff={args.L_eff} T={args.seq_len} batch={args.batch} head_dim={args.head_dim}")
+        print(f"{'variant':>24} {'ms/step':>9} {'tokens/s':>10} {'GFLOP/s':>9} {'vs plain':>9} {'vs r=1':>7}"
+              + (f" {'MFU':>6} {'GiB':>6}" if device.type == "cuda" else ""))
+        med = {k: statistics.median(v) for k, v in times.items()}
+        for name, (_, cfg) in variants.items():
+            dtype = name.split()[1]
+            t = med[name]
+            plain_t = med[f"plain {dtype}"]
+            r1 = name.replace(name.split()[0], "r=1", 1) if cfg is not None else None
+            f_tok = accounting.train_flops_per_token(cfg) if cfg is not None else None
+            flops = f_tok * tok / t if f_tok else None
+            peak = peak_flops(device, dtype)
+            row = {"d_model": d, "variant": name, "ms_per_step": t * 1e3, "tokens_per_s": tok / t,
+                   "flops_per_s": flops, "speed_vs_plain": plain_t / t,
+                   "step_vs_r1": (t / med[r1]) if r1 in med else None,
+                   "mfu": flops / peak if (flops and peak) else None, "peak_mem_gib": mem.get(name)}
+            results.append(row)
+            gf = f"{flops / 1e9:9.2f}" if flops else f"{'-':>9}"
+            vr1 = f"{row['step_vs_r1']:7.3f}" if row["step_vs_r1"] else f"{'-':>7}"
+            line = f"{name:>24} {t * 1e3:9.1f} {tok / t:10.0f} {gf} {plain_t / t:9.2f} {vr1}"
+            if device.type == "cuda":
+                line += f" {row['mfu'] or 0:6.1%} {mem.get(name, 0):6.2f}"
+            print(line)
+    if args.json:
+        args.json.write_text(json.dumps({"hardware": hardware(), "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

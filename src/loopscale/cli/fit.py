@@ -1,0 +1,349 @@
+"""`loopscale fit` and `loopscale plan`: the joint law from a runs table, and what it recommends.
+
+Heavy imports (scipy, pandas, loopscale.fit) stay inside the command functions.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich import box
+from rich.markup import escape
+from rich.table import Table
+
+from loopscale import grids
+from loopscale.cli.app import app, console, err_console
+
+_TEMPLATE_FIELDS = (
+    "vocab_size",
+    "head_dim",
+    "L_eff",
+    "n_prelude",
+    "n_coda",
+    "seq_len",
+    "injection",
+    "mlp_ratio",
+    "vocab_multiple",
+    "hc_lanes",
+)
+
+
+def _template(base: dict[str, Any], overrides: list[str], source: str) -> dict[str, Any]:
+    """The architecture template (a [model] table without width and r), with --set overrides."""
+    from loopscale.config import ModelConfig, apply_overrides, validate
+
+    data = apply_overrides({"model": dict(base)}, overrides)
+    model = {k: v for k, v in data["model"].items() if k not in ("s", "d_model", "r")}
+    head = int(model.get("head_dim", 128))
+    validate(ModelConfig, {**model, "d_model": head, "r": 1}, source=source, prefix="model")
+    return model
+
+
+def _template_from_table(df: Any) -> dict[str, Any]:
+    """Paper template, with any architecture column of the table that has one value throughout."""
+    out: dict[str, Any] = dict(grids.PAPER_MODEL)
+    for col in _TEMPLATE_FIELDS:
+        if col in df.columns and df[col].nunique(dropna=True) == 1:
+            v = df[col].dropna().iloc[0]
+            out[col] = v.item() if hasattr(v, "item") else v
+    return out
+
+
+def _fmt(x: Any, digits: int = 4) -> str:
+    if x is None:
+        return "-"
+    x = float(x)
+    if x != x:
+        return "-"
+    if abs(x) >= 1e4 or (abs(x) < 1e-3 and x != 0):
+        return f"{x:.{digits}g}"
+    return f"{x:.{digits}f}" if abs(x) < 10 else f"{x:.{max(digits - 2, 1)}f}"
+
+
+def _ci(ci: Any, digits: int = 4) -> str:
+    if not ci or ci[0] is None:
+        return "-"
+    return f"[{_fmt(ci[0], digits)}, {_fmt(ci[1], digits)}]"
+
+
+def _m(n: float) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
+@app.command()
+def fit(
+    runs: Path = typer.Argument(..., help="Runs table (CSV/Parquet) or sweep dir (runs.csv or */result.json)."),
+    bootstrap: int = typer.Option(200, "--bootstrap", "-b", help="Block-bootstrap resamples (0: off)."),
+    restarts: int = typer.Option(500, "--restarts", help="Random starts in the paper's box."),
+    variant: list[str] = typer.Option([], "--variant", "-v", help="Variant(s) to fit (default: all)."),
+    reference: str | None = typer.Option(None, "--reference", help="Delta-phi reference (default: baseline)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Fit file (default: fit.json beside RUNS)."),
+    loss: str = typer.Option("huber", "--loss", help="Objective: huber (the paper's) or mse."),
+    delta: float = typer.Option(1e-3, "--delta", help="Huber delta (summed Huber in log space)."),
+    phi_min: float = typer.Option(-3.0, "--phi-min", help="Lower bound of phi."),
+    phi_max: float = typer.Option(3.0, "--phi-max", help="Upper bound of phi."),
+    fix_phi: float | None = typer.Option(None, "--fix-phi", help="Fit with phi fixed to this value."),
+    restricted: bool = typer.Option(True, "--restricted/--no-restricted", help="Also fit phi = 0 and phi = 1."),
+    per_r: bool = typer.Option(True, "--per-r/--no-per-r", help="Also fit Chinchilla's law per r."),
+    checks: bool = typer.Option(True, "--checks/--no-checks", help="Extrapolation, leave-one-r-out, half split."),
+    ci: float = typer.Option(0.95, "--ci", help="Confidence level of the percentile CIs."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random starts and resamples."),
+    set_: list[str] = typer.Option([], "--set", help="Template override for the frontier, e.g. model.head_dim=64"),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    markdown: bool = typer.Option(False, "--markdown", help="Print Markdown tables (paste into a paper/issue)."),
+) -> None:
+    """Fit L = E + A (N_once + r^phi N_rec)^-alpha + B D^-beta; print phi [CI] and write the fit file."""
+    from loopscale.fit import FitSettings, fit_runs, load_runs, write_fit
+
+    table = load_runs(runs)
+    if table.n_excluded:
+        err_console.print(
+            f"excluded {table.n_excluded} run(s) that did not finish: "
+            + ", ".join(f"{k} x{n}" for k, n in sorted(table.excluded.items()))
+        )
+    template = _template(_template_from_table(table.df), set_, source="--set")
+    settings = FitSettings(
+        loss=loss,
+        delta=delta,
+        phi_bounds=(phi_min, phi_max),
+        fixed_phi=fix_phi,
+        restarts=restarts,
+        bootstrap=bootstrap,
+        ci_level=ci,
+        seed=seed,
+        restricted=(0.0, 1.0) if restricted else (),
+        per_r=per_r,
+        checks=checks,
+        variants=list(variant) or None,
+        reference_variant=reference,
+        template=template,
+    )
+    with err_console.status("fitting") as status:
+        result = fit_runs(table, settings, progress=lambda msg: status.update(msg))
+    path = out or ((runs if runs.is_dir() else runs.parent) / "fit.json")
+    write_fit(path, result)
+    if as_json:
+        console.print_json(json.dumps(_summary(result), allow_nan=False, default=str))
+    else:
+        _print_fit(result, markdown)
+    for w in result["warnings"]:
+        loud = "NOT identifiable" in w or "POORLY" in w or "did not converge" in w
+        err_console.print(
+            f"[bold {'red' if loud else 'yellow'}]warning:[/] {escape(w)}", highlight=False, soft_wrap=True
+        )
+    err_console.print(f"fit file: {path}  ({result['wall_s']:.1f} s)")
+
+
+def _summary(result: dict[str, Any]) -> dict[str, Any]:
+    from loopscale.fit.fitfile import _clean
+
+    out: dict[str, Any] = {"source": result["source"]["path"], "variants": {}, "delta_phi": []}
+    for name, v in result["variants"].items():
+        cis = v["bootstrap"].get("ci", {})
+        out["variants"][name] = {
+            "params": v["law"]["params"],
+            "ci": {k: cis.get(k) for k in ("E", "A", "B", "alpha", "beta", "phi")},
+            "r2": v["metrics"]["r2"],
+            "rmse": v["metrics"]["rmse"],
+            "rmse_per_r": v["metrics"]["rmse_per_r"],
+            "restricted_r2": {k: x["r2"] for k, x in v["restricted"].items()},
+            "converged": v["law"]["converged"],
+            "at_bounds": v["law"]["at_bounds"],
+        }
+    for d in result["delta_phi"]:
+        out["delta_phi"].append({k: d[k] for k in ("reference", "variant", "delta_phi", "ci", "fraction_above_zero")})
+    out["warnings"] = result["warnings"]
+    return _clean(out)
+
+
+def _print_fit(result: dict[str, Any], markdown: bool) -> None:
+    style = box.MARKDOWN if markdown else box.SIMPLE_HEAVY
+    level = f"{100 * result['settings']['ci_level']:.0f}% CI"
+    for name, v in result["variants"].items():
+        p, cis = v["law"]["params"], v["bootstrap"].get("ci", {})
+        t = Table(title=f"joint law - {name} ({v['n_runs']} runs, r = {', '.join(map(str, v['rs']))})", box=style)
+        t.add_column("quantity")
+        t.add_column("value", justify="right")
+        t.add_column(level, justify="right")
+        phi_txt = "undetermined (no r > 1 runs)" if p["phi"] is None else _fmt(p["phi"])
+        if p["phi"] is not None and result["settings"].get("fixed_phi") is not None:
+            phi_txt += " (fixed)"
+        t.add_row("phi", phi_txt, _ci(cis.get("phi")))
+        for k in ("alpha", "beta", "E", "A", "B"):
+            t.add_row(k, _fmt(p[k]), _ci(cis.get(k)))
+        t.add_row("R^2 (raw nats)", _fmt(v["metrics"]["r2"]), "")
+        per_r = ", ".join(f"r={r}: {x:.4f}" for r, x in v["metrics"]["rmse_per_r"].items())
+        t.add_row("RMSE (nats)", _fmt(v["metrics"]["rmse"]), per_r)
+        for key, rf in v["restricted"].items():
+            t.add_row(f"R^2 restricted {key}", _fmt(rf["r2"]), f"RMSE {rf['rmse']:.4f}")
+        for r, cf in v["per_r"].items():
+            t.add_row(
+                f"R^2 Chinchilla r={r}",
+                _fmt(cf["r2"]),
+                f"alpha {cf['params']['alpha']:.3f}, beta {cf['params']['beta']:.3f}",
+            )
+        law = v["law"]
+        t.add_row(
+            "converged",
+            "yes" if law["converged"] else "NO",
+            f"{law['n_near_optimal']} near-optimal minim{'um' if law['n_near_optimal'] == 1 else 'a'}",
+        )
+        checks = v.get("checks") or {}
+        hs = checks.get("half_split")
+        if hs and hs["lower"]["phi"] is not None and hs["upper"]["phi"] is not None:
+            t.add_row("phi lower / upper budgets", f"{hs['lower']['phi']:.3f} / {hs['upper']['phi']:.3f}", "")
+        ex = checks.get("extrapolation")
+        if ex:
+            t.add_row(
+                f"extrapolation RMSE (C={ex['held_out_budget']:.3g})",
+                _fmt(ex["rmse"]),
+                f"bias {ex['bias']:+.4f}",
+            )
+        console.print(t)
+    _print_frontier(result, style, level)
+    if result["delta_phi"]:
+        t = Table(title="Delta-phi (variant - reference), paired block bootstrap", box=style)
+        for c in ("variant", "reference", "Delta-phi", level, "P(Delta-phi > 0)"):
+            t.add_column(c, justify="right")
+        for d in result["delta_phi"]:
+            frac = "-" if d["fraction_above_zero"] is None else f"{d['fraction_above_zero']:.2f}"
+            t.add_row(d["variant"], d["reference"], f"{d['delta_phi']:+.4f}", _ci(d["ci"]), frac)
+        console.print(t)
+
+
+def _print_frontier(result: dict[str, Any], style: box.Box, level: str) -> None:
+    """Compute-optimal frontier of the reference variant: law-based, with the empirical gap beside it."""
+    v = result["variants"][result["reference_variant"]]
+    rows = v["optima"].get("frontier") or []
+    if not rows:
+        return
+    cis = v["bootstrap"].get("ci", {})
+    emp = {(e["C"], e["r"]): e for e in v["optima"].get("empirical", [])}
+    t = Table(title=f"compute-optimal frontier (law) - {result['reference_variant']}", box=style)
+    for c in ("C", "r", "d*", "N*", "D*", "D/N", "L*", "gap to r=1", level, "empirical gap"):
+        t.add_column(c, justify="right")
+    for row in rows:
+        ci = cis.get(f"gap_to_r1_r{row['r']}_C{row['C']:.3g}")
+        e = emp.get((row["C"], row["r"]))
+        egap = "-" if e is None or e.get("gap_to_r1") is None else f"{e['gap_to_r1']:+.4f}"
+        t.add_row(
+            f"{row['C']:.3g}",
+            str(row["r"]),
+            f"{row['d']:.0f}",
+            _m(row["N"]),
+            f"{row['D'] / 1e9:.3g}B",
+            f"{row['tokens_per_param']:.1f}",
+            f"{row['L']:.4f}",
+            f"{row['gap_to_r1']:+.4f}",
+            _ci(ci) if row["r"] != 1 else "",
+            egap,
+        )
+    console.print(t)
+
+
+@app.command()
+def plan(
+    budget: float = typer.Option(..., "--budget", "-C", help="Training budget C in FLOPs."),
+    fit_file: Path | None = typer.Option(None, "--fit", help="Fit file written by `loopscale fit`."),
+    paper: bool = typer.Option(False, "--paper", help="Use the paper's published coefficients."),
+    variant: str | None = typer.Option(None, "--variant", help="Variant of the fit file (default: reference)."),
+    r: list[int] = typer.Option([], "--r", help="Recurrences to plan (default: 1 2 4 8)."),
+    set_: list[str] = typer.Option([], "--set", help="Template override, e.g. model.seq_len=1024"),
+    tokens_per_step: int = typer.Option(grids.PAPER_TOKENS_PER_STEP, help="Global batch in tokens."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Recommend (r, width, tokens) per r at budget C, with the predicted loss and its CI."""
+    from loopscale.errors import ConfigError
+    from loopscale.fit import (
+        PAPER_COEFFICIENTS,
+        PAPER_PHI_CI,
+        JointLaw,
+        law_from_fit,
+        read_fit,
+    )
+    from loopscale.fit import (
+        plan as make_plan,
+    )
+
+    if not budget > 0:
+        raise ConfigError("--budget", "expected a positive FLOP budget, e.g. 1e19", value=budget)
+    if (fit_file is None) == (not paper):
+        raise ConfigError("--fit", "give exactly one of --fit FIT or --paper")
+    if paper:
+        law = JointLaw.from_params(**PAPER_COEFFICIENTS)
+        draws, base, phi_ci, src = (
+            None,
+            dict(grids.PAPER_MODEL),
+            PAPER_PHI_CI,
+            "paper's published coefficients",
+        )
+    else:
+        doc = read_fit(fit_file)  # type: ignore[arg-type]
+        law, draws = law_from_fit(doc, variant)
+        base, phi_ci, src = dict(doc.get("template") or grids.PAPER_MODEL), None, str(fit_file)
+    template = _template(base, set_, source="--set")
+    rows = make_plan(
+        budget,
+        law=law,
+        template=template,
+        draws=draws,
+        rs=list(r) or None,
+        tokens_per_step=tokens_per_step,
+        phi_ci=phi_ci,
+    )
+    if not rows:
+        raise ConfigError("--r", "no r to plan: each r must divide the template's recurrent depth", value=list(r))
+    if as_json:
+        from loopscale.fit.fitfile import _clean
+
+        console.print_json(json.dumps(_clean({"budget": budget, "source": src, "template": template, "plan": rows})))
+        return
+    t = Table(
+        title=f"plan at C = {budget:.3g} FLOPs ({src}; phi = {'-' if law.phi_ is None else f'{law.phi_:.3f}'})",
+        box=box.SIMPLE_HEAVY,
+    )
+    for c in (
+        "r",
+        "layout",
+        "d_model",
+        "N_once",
+        "N_rec",
+        "N_eq",
+        "N_cost",
+        "D (tokens)",
+        "D/N",
+        "steps",
+        "loss",
+        "CI",
+        "gap to r=1",
+    ):
+        t.add_column(c, justify="right")
+    for row in rows:
+        ci_txt = "-" if row["loss_ci"] is None else f"[{row['loss_ci'][0]:.4f}, {row['loss_ci'][1]:.4f}]"
+        t.add_row(
+            str(row["r"]),
+            row["layout"],
+            str(row["d_model"]),
+            _m(row["N_once"]),
+            _m(row["N_rec"]),
+            _m(row["N_eq"]),
+            _m(row["N_cost"]),
+            f"{row['D'] / 1e9:.3g}B",
+            f"{row['tokens_per_param']:.1f}",
+            str(row["steps"]),
+            f"{row['loss']:.4f}",
+            ci_txt,
+            "-" if row["gap_to_r1"] is None else f"{row['gap_to_r1']:+.4f}",
+        )
+    console.print(t)
+    kinds = {row["ci_kind"] for row in rows if row["ci_kind"]}
+    if kinds:
+        console.print(f"CI: {', '.join(sorted(kinds))}", highlight=False)
+    best = min(rows, key=lambda row: row["loss"])
+    console.print(
+        f"lowest predicted loss: r = {best['r']} at d_model = {best['d_model']} on {best['D'] / 1e9:.3g}B tokens",
+        highlight=False,
+    )

@@ -1,0 +1,422 @@
+"""The whole fit of a runs table, as the CLI runs it: one function in, one fit-file dict out.
+
+For each variant (its r > 1 runs plus every r = 1 run): the joint law (best of many starts),
+the restricted fits phi = 0 and phi = 1, per-r Chinchilla fits, a block bootstrap over
+(budget, r) cells with percentile CIs for every coefficient and derived quantity, the empirical
+and law-based compute-optimal analysis, and the validation checks. Between variants: Delta-phi
+with its bootstrap CI from *paired* resamples (one cell draw is shared by all variants, so the
+shared r = 1 runs enter both fits identically).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from loopscale import grids
+from loopscale.errors import ConfigError
+from loopscale.fit import checks as checks_mod
+from loopscale.fit import optima
+from loopscale.fit.bootstrap import cell_counts, percentile_ci, refit_batch
+from loopscale.fit.law import LOSSES, JointLaw, LawData, theta_to_params
+from loopscale.fit.paper import PAPER_BOOTSTRAP, PAPER_HUBER_DELTA, PAPER_RESTARTS
+from loopscale.fit.table import as_runs, budget_values
+
+COEFFICIENTS = ("E", "A", "B", "alpha", "beta", "phi")
+
+
+@dataclass
+class FitSettings:
+    """Every option of a fit; stored verbatim in the fit file."""
+
+    loss: str = "huber"
+    delta: float = PAPER_HUBER_DELTA
+    phi_bounds: tuple[float, float] = (-3.0, 3.0)
+    fixed_phi: float | None = None
+    restarts: int = PAPER_RESTARTS
+    polish: int = 8
+    bootstrap: int = PAPER_BOOTSTRAP
+    bootstrap_random_starts: int = 8
+    ci_level: float = 0.95
+    seed: int = 0
+    restricted: tuple[float, ...] = (0.0, 1.0)
+    per_r: bool = True
+    checks: bool = True
+    checks_restarts: int = 100
+    variants: list[str] | None = None
+    reference_variant: str | None = None
+    template: dict[str, Any] = field(default_factory=lambda: dict(grids.PAPER_MODEL))
+
+    def validate(self) -> None:
+        if self.loss not in LOSSES:
+            raise ConfigError("--loss", f"unknown objective; expected one of {', '.join(LOSSES)}", value=self.loss)
+        if not self.delta > 0:
+            raise ConfigError("--delta", "Huber delta must be > 0", value=self.delta)
+        lo, hi = self.phi_bounds
+        if not lo < hi:
+            raise ConfigError("--phi-bounds", "expected lower < upper", value=self.phi_bounds)
+        if self.restarts < 1:
+            raise ConfigError("--restarts", "expected at least 1", value=self.restarts)
+        if self.bootstrap < 0:
+            raise ConfigError("--bootstrap", "expected 0 (off) or a number of resamples", value=self.bootstrap)
+        if not 0 < self.ci_level < 1:
+            raise ConfigError("--ci", "expected a level between 0 and 1", value=self.ci_level)
+
+    def law(self, phi: float | None = None, restarts: int | None = None) -> JointLaw:
+        return JointLaw(
+            loss=self.loss,
+            delta=self.delta,
+            phi=self.fixed_phi if phi is None else phi,
+            phi_bounds=self.phi_bounds,
+            restarts=restarts or self.restarts,
+            polish=self.polish,
+            seed=self.seed,
+        )
+
+
+# ---- helpers -------------------------------------------------------------------------------
+def bootstrap_cells(df: pd.DataFrame) -> tuple[np.ndarray, str]:
+    """Cell id per run and the unit's name: (budget, r) cells, else single runs."""
+    if "C" in df.columns:
+        C = budget_values(df)
+    elif "flops_per_token" in df.columns:
+        C = np.array([float(f"{v:.3g}") for v in df["D"].to_numpy(float) * df["flops_per_token"].to_numpy(float)])
+    else:
+        return np.arange(len(df)), "run"
+    key = pd.Series([f"{c:.3g}|{r}" for c, r in zip(C, df["r"], strict=True)])
+    return pd.factorize(key)[0], "cell (budget, r)"
+
+
+def derived_from_params(p: dict[str, Any], rs: list[int]) -> dict[str, Any]:
+    """Quantities derived from the six coefficients (works on floats or on arrays of draws)."""
+    alpha, beta, phi = (np.asarray(p[k], dtype=float) for k in ("alpha", "beta", "phi"))
+    out: dict[str, Any] = {}
+    for r in rs:
+        if r > 1:
+            out[f"r_phi_{r}"] = np.power(float(r), phi)  # a repeated block's worth in unique blocks
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["N_exponent_6ND"] = beta / (alpha + beta)  # Chinchilla's a = beta/(alpha+beta) for C = 6ND
+        out["D_exponent_6ND"] = alpha / (alpha + beta)
+    return out
+
+
+def _float(x: Any) -> float:
+    return float(np.asarray(x))
+
+
+def _law_record(law: JointLaw) -> dict[str, Any]:
+    return {
+        "params": law.params_,
+        "theta": law.theta_.tolist(),
+        "objective": law.objective_,
+        "converged": law.converged_,
+        "n_iter": law.n_iter_,
+        "message": law.message_,
+        "grad_max": law.grad_max_,
+        "at_bounds": law.at_bounds_,
+        "minima": law.minima_,
+        "n_near_optimal": law.n_near_optimal_,
+        "phi_identifiable": law.phi_identifiable_,
+    }
+
+
+def _metrics(law: JointLaw) -> dict[str, Any]:
+    return {
+        "r2": law.r2_,
+        "rmse": law.rmse_,
+        "rmse_per_r": {str(k): v for k, v in law.rmse_per_r_.items()},
+        "n_runs": law.n_runs_,
+    }
+
+
+def identifiability_warnings(df: pd.DataFrame, variant: str) -> list[str]:
+    looped = df[df["r"] > 1]
+    if not len(looped):
+        return [
+            f"[{variant}] phi is NOT identifiable: the table has no r > 1 runs; fitted the Chinchilla law "
+            "L = E + A N^-alpha + B D^-beta with N = N_once + N_rec, phi undetermined"
+        ]
+    out = []
+    widths = looped.assign(_N=looped["N_once"] + looped["N_rec"]).groupby("r")["_N"].nunique()
+    if (widths <= 1).all():
+        out.append(
+            f"[{variant}] phi is POORLY identifiable: every r > 1 has a single width, so phi rests on one "
+            "model size per r; add widths"
+        )
+    return out
+
+
+# ---- the fit ---------------------------------------------------------------------------------
+def fit_runs(
+    table: Any, settings: FitSettings | None = None, progress: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Fit a runs table; returns the fit-file dict (see docs/fit.md)."""
+    settings = settings or FitSettings()
+    settings.validate()
+    say = progress or (lambda _msg: None)
+    t_start = time.perf_counter()
+    runs = as_runs(table)
+    variants = list(settings.variants) if settings.variants else runs.variants
+    for v in variants:
+        runs.for_variant(v)  # raises a one-line error for an unknown variant
+    ref = settings.reference_variant or ("baseline" if "baseline" in variants else variants[0])
+    if ref not in variants:
+        variants.insert(0, ref)
+    selected = runs.subset((runs.df["r"] == 1) | runs.df["variant"].isin(variants))
+    df_all = selected.df
+    warnings_: list[str] = []
+    if runs.n_excluded:
+        warnings_.append(
+            f"excluded {runs.n_excluded} run(s) that did not finish: "
+            + ", ".join(f"{k} x{n}" for k, n in sorted(runs.excluded.items()))
+        )
+
+    cells, unit = bootstrap_cells(df_all)
+    if settings.bootstrap and unit == "run":
+        warnings_.append(
+            "no budget column C (or flops_per_token): bootstrap resamples single runs, not "
+            "(budget, r) cells; CIs may be too narrow"
+        )
+    # cells are 0..K-1 (pd.factorize); one (B, K) draw of cell counts serves every variant (paired).
+    counts = cell_counts(int(cells.max()) + 1, settings.bootstrap, np.random.default_rng(settings.seed))
+    W_all = counts[:, cells]
+
+    budgets = sorted(set(budget_values(df_all))) if "C" in df_all.columns else list(grids.PAPER_BUDGETS)
+    template = dict(settings.template)
+
+    out_variants: dict[str, Any] = {}
+    phi_draws: dict[str, np.ndarray] = {}
+    for v in variants:
+        mask = ((df_all["r"] == 1) | (df_all["variant"] == v)).to_numpy()
+        vruns = selected.subset(mask)
+        vdf = vruns.df
+        fits = None
+        rs = sorted(int(r) for r in set(vdf["r"]))
+        warnings_ += identifiability_warnings(vdf, v)
+        say(f"[{v}] joint law: {settings.restarts} starts on {len(vdf)} runs")
+        law = settings.law().fit(vruns)
+        rec: dict[str, Any] = {
+            "n_runs": len(vdf),
+            "rs": rs,
+            "law": _law_record(law),
+            "metrics": _metrics(law),
+        }
+        if not law.converged_:
+            warnings_.append(f"[{v}] the optimiser did not converge ({law.message_})")
+        if law.at_bounds_:
+            warnings_.append(f"[{v}] parameters at the box's bounds: {', '.join(law.at_bounds_)}")
+        if law.n_near_optimal_ > 1:
+            warnings_.append(
+                f"[{v}] {law.n_near_optimal_} distinct minima within 1% of the best objective; "
+                "see law.minima in the fit file"
+            )
+        derived = derived_from_params(law.params_ | {"phi": law.phi_ if law.phi_ is not None else np.nan}, rs)
+        rec["derived"] = {k: _float(x) for k, x in derived.items()}
+
+        # restricted fits and per-r Chinchilla fits
+        rec["restricted"] = {}
+        if law.phi_identifiable_ and settings.fixed_phi is None:
+            for phi in settings.restricted:
+                say(f"[{v}] restricted fit phi = {phi:g}")
+                rl = settings.law(phi=phi).fit(vruns, extra_starts=law.theta_[None])
+                rec["restricted"][f"phi={phi:g}"] = {
+                    "params": rl.params_,
+                    "objective": rl.objective_,
+                    "converged": rl.converged_,
+                    **_metrics(rl),
+                }
+        rec["per_r"] = {}
+        if settings.per_r:
+            for r in rs:
+                sub = vruns.subset(vdf["r"] == r)
+                if len(sub.df) < 6:
+                    continue
+                say(f"[{v}] Chinchilla fit r = {r}")
+                cl = settings.law(phi=0.0, restarts=max(settings.restarts // 2, 50)).fit(sub)
+                p = {k: cl.params_[k] for k in ("E", "A", "B", "alpha", "beta")}
+                rec["per_r"][str(r)] = {
+                    "params": p,
+                    "objective": cl.objective_,
+                    "converged": cl.converged_,
+                    **_metrics(cl),
+                }
+
+        # bootstrap
+        boot: dict[str, Any] = {
+            "n": int(settings.bootstrap),
+            "unit": unit,
+            "n_cells": len(np.unique(cells[mask])),
+        }
+        if settings.bootstrap:
+            say(f"[{v}] bootstrap: {settings.bootstrap} resamples")
+            W = W_all[:, mask]
+            warm = np.array([law.theta_] + [_theta_of(m) for m in law.minima_[1:] if m["near_optimal"]])
+            fits = refit_batch(
+                LawData.from_frame(vdf),
+                W,
+                warm,
+                bounds=law.bounds(),
+                fixed_phi=law.phi,
+                loss=settings.loss,
+                delta=settings.delta,
+                random_starts=settings.bootstrap_random_starts,
+                seed=settings.seed + 1,
+            )
+            P = {k: np.array([theta_to_params(t)[k] for t in fits.theta]) for k in COEFFICIENTS}
+            if law.phi_ is None:
+                P["phi"] = np.full(len(fits.theta), np.nan)
+            else:
+                P["phi"] = np.where(fits.phi_identifiable | (law.phi is not None), P["phi"], np.nan)
+            phi_draws[v] = P["phi"]
+            D = derived_from_params(P, rs)
+            boot["ci_level"] = settings.ci_level
+            boot["converged_fraction"] = float(fits.converged.mean())
+            boot["phi_undetermined_draws"] = int(np.sum(~np.isfinite(P["phi"]))) if law.phi_ is not None else None
+            boot["ci"] = {k: percentile_ci(x, settings.ci_level) for k, x in {**P, **D}.items()}
+            boot["draws"] = {
+                **{k: x for k, x in P.items()},
+                "objective": fits.objective,
+                "converged": fits.converged,
+            }
+            if fits.converged.mean() < 0.95:
+                warnings_.append(f"[{v}] {100 * (1 - fits.converged.mean()):.0f}% of bootstrap refits did not converge")
+        rec["bootstrap"] = boot
+
+        # compute-optimal analysis
+        say(f"[{v}] compute-optimal analysis")
+        rec["optima"] = _optima(law, vdf, template, budgets, rs, boot, fits, settings, warnings_, v)
+
+        if settings.checks:
+            say(f"[{v}] validation: extrapolation, leave-one-r-out, half split")
+            rec["checks"] = checks_mod.run_checks(law, vruns, restarts=settings.checks_restarts)
+        out_variants[v] = rec
+
+    delta_phi = []
+    for v in variants:
+        if v == ref or v not in phi_draws or ref not in phi_draws:
+            continue
+        a, b = out_variants[ref]["law"]["params"]["phi"], out_variants[v]["law"]["params"]["phi"]
+        if a is None or b is None:
+            continue
+        d = phi_draws[v] - phi_draws[ref]
+        finite = d[np.isfinite(d)]
+        delta_phi.append(
+            {
+                "reference": ref,
+                "variant": v,
+                "delta_phi": b - a,
+                "ci": percentile_ci(d, settings.ci_level),
+                "fraction_above_zero": float(np.mean(finite > 0)) if finite.size else None,
+                "draws": d,
+            }
+        )
+
+    return {
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "loopscale_version": _version(),
+        "source": {
+            "path": runs.source,
+            "n_rows": len(runs.df) + runs.n_excluded,
+            "n_used": len(df_all),
+            "excluded": runs.excluded,
+        },
+        "settings": {**asdict(settings), "template": template},
+        "template": template,
+        "budgets": budgets,
+        "reference_variant": ref,
+        "resamples": {
+            "unit": unit,
+            "seed": settings.seed,
+            "run_id": df_all["run_id"].astype(str).tolist(),
+            "cell_of_run": cells,
+            "cell_counts": counts.astype(int),
+        },
+        "variants": out_variants,
+        "delta_phi": delta_phi,
+        "warnings": warnings_,
+        "wall_s": time.perf_counter() - t_start,
+    }
+
+
+def _theta_of(minimum: dict[str, Any]) -> np.ndarray:
+    from loopscale.fit.law import params_to_theta
+
+    return params_to_theta(minimum["params"])
+
+
+def _optima(
+    law: JointLaw,
+    df: pd.DataFrame,
+    template: dict[str, Any],
+    budgets: list[float],
+    rs: list[int],
+    boot: dict[str, Any],
+    fits: Any,
+    settings: FitSettings,
+    warnings_: list[str],
+    v: str,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"template": template}
+    if "C" in df.columns:
+        emp = optima.empirical_optima(df)
+        out["empirical"] = emp.to_dict(orient="records")
+        out["empirical_exponents"] = optima.empirical_exponents(emp)
+        unbracketed = emp[~emp["bracketed"]]
+        if len(unbracketed):
+            cells = [f"C={c:.3g} r={r}" for c, r in zip(unbracketed["C"], unbracketed["r"], strict=True)]
+            more = f", +{len(cells) - 4} more" if len(cells) > 4 else ""
+            warnings_.append(
+                f"[{v}] empirical optimum not bracketed by the widths tried in {len(cells)} of {len(emp)} "
+                f"cells ({', '.join(cells[:4])}{more}); see optima.empirical"
+            )
+    frs = optima.valid_rs(template, rs)
+    skipped = sorted(set(rs) - set(frs))
+    if skipped:
+        warnings_.append(
+            f"[{v}] law-based frontier skips r = {skipped}: not a divisor of the template's "
+            "recurrent depth (set --set model.L_eff=...)"
+        )
+    if law.phi_ is None:
+        frs = [r for r in frs if r == 1]
+    if not frs:
+        return out
+    table, exps = optima.frontier_table(law.theta_, template, budgets, frs)
+    out["frontier"] = table.to_dict(orient="records")
+    out["frontier_exponents"] = exps
+    if fits is not None:
+        thetas = fits.theta[np.isfinite(fits.theta).all(axis=1)]
+        fd = optima.frontier_draws(thetas, template, budgets, frs)
+        boot["ci"].update({k: percentile_ci(x, settings.ci_level) for k, x in fd.items()})
+    return out
+
+
+def _version() -> str:
+    from loopscale import __version__
+
+    return __version__
+
+
+def law_from_fit(fit: dict[str, Any], variant: str | None = None) -> tuple[JointLaw, np.ndarray | None]:
+    """The fitted law of one variant of a fit file, and its bootstrap draws as thetas (or None)."""
+    from loopscale.fit.law import params_to_theta
+
+    name = variant or fit.get("reference_variant") or next(iter(fit["variants"]))
+    if name not in fit["variants"]:
+        raise ConfigError("--variant", f"not in the fit file; it has {sorted(fit['variants'])}", value=name)
+    rec = fit["variants"][name]
+    p = rec["law"]["params"]
+    law = JointLaw.from_params(**{k: p[k] for k in COEFFICIENTS})
+    draws = rec.get("bootstrap", {}).get("draws")
+    thetas = None
+    if draws and len(draws.get("E", [])):
+        arr = {k: np.array([np.nan if x is None else x for x in draws[k]], dtype=float) for k in COEFFICIENTS}
+        if p["phi"] is None:
+            arr["phi"] = np.zeros_like(arr["E"])
+        thetas = np.array([params_to_theta({k: arr[k][i] for k in COEFFICIENTS}) for i in range(len(arr["E"]))])
+        thetas = thetas[np.isfinite(thetas).all(axis=1)]
+    return law, thetas

@@ -1,0 +1,112 @@
+"""Validation of a fit: does the law predict what it was not fitted on?
+
+* extrapolation: fit the budgets below the highest, predict the highest budget's runs;
+* leave-one-r-out: fit without one r, predict that r's runs;
+* half split: fit the lower and the upper half of the budgets separately and compare phi
+  (PAPER.md section 5: 0.44 / 0.49). With an odd number of budgets the middle one is in both.
+
+Each refit uses the same settings as the main fit, warm-started from its optimum plus the usual
+random starts. Errors are on raw nats (prediction - observed).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from loopscale.fit.law import JointLaw
+from loopscale.fit.table import RunsTable, budget_values
+
+
+def _refit(law: JointLaw, runs: RunsTable, restarts: int) -> JointLaw | None:
+    if len(runs.df) < 6:
+        return None
+    clone = JointLaw(
+        loss=law.loss,
+        delta=law.delta,
+        phi=law.phi,
+        phi_bounds=law.phi_bounds,
+        restarts=restarts,
+        polish=law.polish,
+        seed=law.seed + 7,
+        box=law.box,
+    )
+    return clone.fit(runs, extra_starts=law.theta_[None])
+
+
+def _errors(law: JointLaw, runs: RunsTable) -> dict[str, Any]:
+    df = runs.df
+    err = law.predict(df) - df["val_loss"].to_numpy(float)
+    return {
+        "n": len(df),
+        "rmse": float(np.sqrt(np.mean(err**2))),
+        "bias": float(np.mean(err)),
+        "max_abs": float(np.max(np.abs(err))),
+    }
+
+
+def extrapolation(law: JointLaw, runs: RunsTable, restarts: int = 100) -> dict[str, Any] | None:
+    """Fit every budget below the highest; predict the runs at the highest budget."""
+    if not runs.has_budget:
+        return None
+    C = budget_values(runs.df)
+    top = C.max()
+    if len(np.unique(C)) < 3:
+        return None
+    fit = _refit(law, runs.subset(top > C), restarts)
+    if fit is None:
+        return None
+    test = runs.subset(top == C)
+    out = {"held_out_budget": float(top), "phi": fit.phi_, **_errors(fit, test)}
+    per_r = {}
+    for r in sorted(set(test.df["r"])):
+        per_r[str(r)] = _errors(fit, test.subset(test.df["r"] == r))["rmse"]
+    out["rmse_per_r"] = per_r
+    return out
+
+
+def leave_one_r_out(law: JointLaw, runs: RunsTable, restarts: int = 100) -> dict[str, Any]:
+    """For each r: fit the other r values, predict this one."""
+    out: dict[str, Any] = {}
+    rs = sorted(set(runs.df["r"]))
+    if len(rs) < 2:
+        return out
+    for r in rs:
+        train = runs.subset(runs.df["r"] != r)
+        fit = _refit(law, train, restarts)
+        if fit is None:
+            continue
+        out[str(r)] = {"phi": fit.phi_, **_errors(fit, runs.subset(runs.df["r"] == r))}
+    return out
+
+
+def half_split(law: JointLaw, runs: RunsTable, restarts: int = 100) -> dict[str, Any] | None:
+    """phi from the lower and from the upper half of the budgets."""
+    if not runs.has_budget:
+        return None
+    C = budget_values(runs.df)
+    budgets = np.unique(C)
+    if len(budgets) < 4:
+        return None
+    half = (len(budgets) + 1) // 2
+    lower, upper = budgets[:half], budgets[-half:]
+    out: dict[str, Any] = {}
+    for name, keep in (("lower", lower), ("upper", upper)):
+        fit = _refit(law, runs.subset(np.isin(C, keep)), restarts)
+        out[name] = {
+            "budgets": [float(c) for c in keep],
+            "phi": None if fit is None else fit.phi_,
+            "r2": None if fit is None else fit.r2_,
+        }
+    lo, hi = out["lower"]["phi"], out["upper"]["phi"]
+    out["phi_difference"] = None if lo is None or hi is None else float(hi - lo)
+    return out
+
+
+def run_checks(law: JointLaw, runs: RunsTable, restarts: int = 100) -> dict[str, Any]:
+    return {
+        "extrapolation": extrapolation(law, runs, restarts),
+        "leave_one_r_out": leave_one_r_out(law, runs, restarts),
+        "half_split": half_split(law, runs, restarts),
+    }

@@ -1,0 +1,95 @@
+"""The fit file: one JSON document with everything a fit produced (docs/fit.md lists the fields).
+
+Written atomically (temp file in the same folder, fsync, rename), so a crash never leaves a half
+file that the report or the planner would read as finished. NaN and infinities are written as
+``null`` (strict JSON). ``read_fit`` checks the format tag and version and gives one-line errors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loopscale.errors import ConfigError
+
+FORMAT = "loopscale.fit"
+VERSION = 1
+
+
+def _clean(obj: Any) -> Any:
+    """numpy and NaN-free, JSON-ready copy of obj."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _clean(obj.tolist())
+    if isinstance(obj, np.bool_ | bool):
+        return bool(obj)
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating | float):
+        x = float(obj)
+        return x if math.isfinite(x) else None
+    return obj
+
+
+def write_fit(path: str | Path, fit: dict[str, Any]) -> Path:
+    """Write ``fit`` as JSON atomically; returns the path."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"format": FORMAT, "version": VERSION, **_clean(fit)}
+    text = json.dumps(doc, indent=1, allow_nan=False)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    try:  # make the rename itself durable
+        dfd = os.open(p.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+    return p
+
+
+def read_fit(path: str | Path) -> dict[str, Any]:
+    """Read a fit file written by :func:`write_fit`."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("--fit", "fit file not found", value=str(p))
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError("fit file", f"not valid JSON ({exc.msg} at line {exc.lineno})", source=str(p)) from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ConfigError(
+            "format",
+            f"not a loopscale fit file; expected format '{FORMAT}'",
+            value=doc.get("format") if isinstance(doc, dict) else type(doc).__name__,
+            source=str(p),
+        )
+    if doc.get("version") != VERSION:
+        raise ConfigError(
+            "version",
+            f"unsupported fit-file version; expected {VERSION}",
+            value=doc.get("version"),
+            source=str(p),
+        )
+    if not doc.get("variants"):
+        raise ConfigError("variants", "fit file holds no fitted variant", source=str(p))
+    return doc

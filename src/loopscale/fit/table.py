@@ -1,0 +1,254 @@
+"""Load and validate a runs table: the interchange format of the fit (DESIGN.md).
+
+A runs table is a CSV or Parquet file, or a sweep directory that holds ``runs.csv`` /
+``runs.parquet`` or ``result.json`` files (one flat JSON object per run). Required columns:
+``r, N_once, N_rec, D, val_loss``; optional: ``C, variant, run_id, status`` (and anything else,
+kept as is). Bad input raises a one-line :class:`~loopscale.errors.ConfigError` naming the file,
+the column, the bad value and what is expected. Runs whose ``status`` says they did not finish
+(diverged, failed, ...) are excluded and counted, not treated as errors.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from loopscale.errors import ConfigError
+
+REQUIRED: tuple[str, ...] = ("r", "N_once", "N_rec", "D", "val_loss")
+OPTIONAL: tuple[str, ...] = ("C", "variant", "run_id", "status")
+#: statuses of a run that finished normally (case-insensitive); an empty status counts as ok.
+OK_STATUSES: frozenset[str] = frozenset(
+    {"ok", "done", "completed", "complete", "success", "succeeded", "finished", "converged"}
+)
+#: the variant that r = 1 rows belong to when a table has no variant column.
+DEFAULT_VARIANT = "baseline"
+
+
+@dataclass
+class RunsTable:
+    """A validated runs table: the usable runs, and what was left out and why."""
+
+    df: pd.DataFrame
+    source: str = "<table>"
+    excluded: dict[str, int] = field(default_factory=dict)  # status -> count
+
+    @property
+    def n_excluded(self) -> int:
+        return sum(self.excluded.values())
+
+    @property
+    def has_budget(self) -> bool:
+        return "C" in self.df.columns
+
+    @property
+    def variants(self) -> list[str]:
+        """Variants of the r > 1 runs (r = 1 runs are shared by every variant)."""
+        looped = self.df[self.df["r"] > 1]
+        names = sorted(set(looped["variant"])) if len(looped) else []
+        return names or sorted(set(self.df["variant"]))
+
+    def for_variant(self, variant: str | None) -> RunsTable:
+        """The runs one variant's fit uses: its own r > 1 runs plus every r = 1 run.
+
+        The paper reuses the r = 1 runs across probes; a non-looped run is the same model whatever
+        the loop recipe, so it belongs to every variant.
+        """
+        if variant is None:
+            return self
+        df = self.df
+        keep = (df["r"] == 1) | (df["variant"] == variant)
+        if not (df["variant"] == variant).any():
+            raise ConfigError(
+                "variant",
+                f"no runs with this variant; the table has {self.variants}",
+                value=variant,
+                source=self.source,
+            )
+        return RunsTable(df[keep].reset_index(drop=True), source=self.source, excluded=dict(self.excluded))
+
+    def subset(self, mask: np.ndarray | pd.Series) -> RunsTable:
+        return RunsTable(
+            self.df[np.asarray(mask)].reset_index(drop=True), source=self.source, excluded=dict(self.excluded)
+        )
+
+
+def load_runs(path: str | Path) -> RunsTable:
+    """Read a runs table (CSV, Parquet or sweep dir) and validate it."""
+    p = Path(path)
+    if p.is_dir():
+        df, source = _read_sweep_dir(p)
+    elif p.is_file():
+        df, source = _read_file(p), str(p)
+    else:
+        raise ConfigError(
+            "RUNS",
+            "no such file or directory; expected a runs table (CSV/Parquet) or a sweep dir",
+            value=str(p),
+        )
+    return validate_runs(df, source=source)
+
+
+def _read_file(p: Path) -> pd.DataFrame:
+    try:
+        if p.suffix.lower() in (".parquet", ".pq"):
+            return pd.read_parquet(p)
+        if p.suffix.lower() in (".csv", ".tsv", ".txt"):
+            return pd.read_csv(p, sep="\t" if p.suffix.lower() == ".tsv" else ",")
+        if p.suffix.lower() == ".json":
+            return _read_result_json(p, p.parent.name)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError("file", f"cannot be read as a table: {msg}", source=str(p)) from None
+    raise ConfigError("file", "unknown table format; expected .csv, .tsv or .parquet", value=p.suffix, source=str(p))
+
+
+def _read_result_json(p: Path, run_id: str) -> pd.DataFrame:
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except Exception as exc:
+        raise ConfigError("result.json", f"not valid JSON: {str(exc).splitlines()[0]}", source=str(p)) from None
+    if not isinstance(data, dict):
+        raise ConfigError("result.json", "expected one flat JSON object per run", source=str(p))
+    flat = {k: v for k, v in data.items() if not isinstance(v, dict | list)}
+    flat.setdefault("run_id", run_id)
+    return pd.DataFrame([flat])
+
+
+def _read_sweep_dir(p: Path) -> tuple[pd.DataFrame, str]:
+    for name in ("runs.parquet", "runs.csv"):
+        if (p / name).is_file():
+            return _read_file(p / name), str(p / name)
+    results = sorted(p.rglob("result.json"))
+    if not results:
+        raise ConfigError("RUNS", "sweep dir has no runs.csv, runs.parquet or */result.json", source=str(p))
+    frames = [_read_result_json(f, str(f.parent.relative_to(p))) for f in results]
+    return pd.concat(frames, ignore_index=True), str(p)
+
+
+def validate_runs(df: pd.DataFrame, *, source: str = "<table>") -> RunsTable:
+    """Check the columns and values of a runs table; drop runs that did not finish."""
+    if not isinstance(df, pd.DataFrame):
+        raise ConfigError("table", "expected a pandas DataFrame of runs", value=type(df).__name__, source=source)
+    for col in REQUIRED:
+        if col not in df.columns:
+            raise ConfigError(col, f"missing column; required: {', '.join(REQUIRED)}", source=source)
+    df = df.copy().reset_index(drop=True)
+    excluded: dict[str, int] = {}
+    if "status" in df.columns:
+        status = df["status"].astype("string").str.strip().str.lower().fillna("")
+        bad = ~(status.isin(OK_STATUSES) | (status == ""))
+        for s, n in status[bad].value_counts().items():
+            excluded[str(s)] = int(n)
+        df = df[~bad.to_numpy()].reset_index(drop=True)
+    if not len(df):
+        raise ConfigError("rows", "no usable runs (every run was excluded or the table is empty)", source=source)
+
+    if "run_id" in df.columns:
+        ids = df["run_id"].astype(str)
+        dup = ids[ids.duplicated()]
+        if len(dup):
+            raise ConfigError(
+                "run_id", "duplicate run id; every run needs its own id", value=dup.iloc[0], source=source
+            )
+    else:
+        df["run_id"] = [f"row{i}" for i in range(len(df))]
+    if "variant" in df.columns:
+        df["variant"] = df["variant"].astype("string").fillna(DEFAULT_VARIANT).astype(str)
+    else:
+        df["variant"] = DEFAULT_VARIANT
+
+    numeric = [*REQUIRED, "C"] if "C" in df.columns else list(REQUIRED)
+    for col in numeric:
+        values = pd.to_numeric(df[col], errors="coerce")
+        if values.isna().any():
+            i = int(np.flatnonzero(values.isna().to_numpy())[0])
+            raise ConfigError(
+                col,
+                f"not a number in run {df['run_id'].iloc[i]!s}; expected a finite number",
+                value=df[col].iloc[i],
+                source=source,
+            )
+        arr = values.to_numpy(dtype=float)
+        if not np.isfinite(arr).all():
+            i = int(np.flatnonzero(~np.isfinite(arr))[0])
+            raise ConfigError(
+                col,
+                f"not finite in run {df['run_id'].iloc[i]!s}; expected a finite number",
+                value=arr[i],
+                source=source,
+            )
+        lowest_ok = 0.0 if col in ("N_once", "N_rec") else None
+        bad = arr < 0 if lowest_ok is not None else arr <= 0
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            want = "expected >= 0" if lowest_ok is not None else "expected > 0"
+            raise ConfigError(
+                col,
+                f"non-positive value in run {df['run_id'].iloc[i]!s}; {want}",
+                value=arr[i],
+                source=source,
+            )
+        df[col] = arr
+    r = df["r"].to_numpy()
+    if (np.abs(r - np.round(r)) > 1e-9).any():
+        i = int(np.flatnonzero(np.abs(r - np.round(r)) > 1e-9)[0])
+        raise ConfigError(
+            "r",
+            f"not a whole number of recurrences in run {df['run_id'].iloc[i]!s}; expected 1, 2, 4, ...",
+            value=r[i],
+            source=source,
+        )
+    df["r"] = np.round(r).astype(int)
+    size = df["N_once"].to_numpy() + df["N_rec"].to_numpy()
+    if (size <= 0).any():
+        i = int(np.flatnonzero(size <= 0)[0])
+        raise ConfigError(
+            "N_once",
+            f"N_once + N_rec is 0 in run {df['run_id'].iloc[i]!s}; expected > 0",
+            value=0,
+            source=source,
+        )
+    looped_empty = (df["r"].to_numpy() > 1) & (df["N_rec"].to_numpy() <= 0)
+    if looped_empty.any():
+        i = int(np.flatnonzero(looped_empty)[0])
+        raise ConfigError(
+            "N_rec",
+            f"is 0 in looped run {df['run_id'].iloc[i]!s} (r > 1); expected > 0",
+            value=0,
+            source=source,
+        )
+    return RunsTable(df, source=source, excluded=excluded)
+
+
+def as_runs(table: RunsTable | pd.DataFrame | str | Path) -> RunsTable:
+    """Accept whatever a user holds: a validated table, a DataFrame, or a path."""
+    if isinstance(table, RunsTable):
+        return table
+    if isinstance(table, pd.DataFrame):
+        return validate_runs(table)
+    return load_runs(table)
+
+
+def budget_cells(df: pd.DataFrame) -> np.ndarray | None:
+    """Integer id of each run's (budget, r) cell; None when the table has no ``C`` column.
+
+    Budgets are grouped after rounding to 3 significant digits, so ``4.64e17`` and
+    ``4.6416e17`` are one budget.
+    """
+    if "C" not in df.columns:
+        return None
+    c = np.asarray(df["C"], dtype=float)
+    key = pd.Series([f"{v:.3g}|{r}" for v, r in zip(c, df["r"], strict=True)])
+    return pd.factorize(key)[0]
+
+
+def budget_values(df: pd.DataFrame) -> np.ndarray:
+    """Each run's budget C rounded to 3 significant digits (for grouping)."""
+    return np.array([float(f"{v:.3g}") for v in np.asarray(df["C"], dtype=float)])

@@ -1,0 +1,127 @@
+"""Runs tables: loading, validation with one-line errors, and exclusion of failed runs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from loopscale.errors import ConfigError
+from loopscale.fit import load_runs, synthetic_runs, validate_runs
+
+
+@pytest.fixture()
+def table():
+    return synthetic_runs(0.46, seed=0)
+
+
+def _one_line_error(df, *needles):
+    with pytest.raises(ConfigError) as info:
+        validate_runs(df, source="runs.csv")
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith("runs.csv: ")
+    for n in needles:
+        assert n in msg, msg
+    return msg
+
+
+def test_missing_column_names_the_column_and_the_required_set(table):
+    _one_line_error(table.drop(columns=["N_rec"]), "N_rec", "missing column", "r, N_once, N_rec, D, val_loss")
+
+
+def test_non_positive_value_names_column_run_and_value(table):
+    table.loc[5, "D"] = -1.0
+    _one_line_error(table, "D:", "non-positive", table.loc[5, "run_id"], "-1.0", "expected > 0")
+
+
+def test_nan_value_names_column_and_run(table):
+    table.loc[7, "val_loss"] = np.nan
+    _one_line_error(table, "val_loss", "not a number", table.loc[7, "run_id"])
+
+
+def test_text_in_a_numeric_column_is_an_error(table):
+    table["N_once"] = table["N_once"].astype(object)
+    table.loc[2, "N_once"] = "big"
+    _one_line_error(table, "N_once", "'big'")
+
+
+def test_duplicate_run_ids_are_an_error(table):
+    table.loc[3, "run_id"] = table.loc[4, "run_id"]
+    _one_line_error(table, "run_id", "duplicate", table.loc[4, "run_id"])
+
+
+def test_fractional_r_is_an_error(table):
+    table["r"] = table["r"].astype(float)
+    table.loc[0, "r"] = 2.5
+    _one_line_error(table, "r:", "whole number")
+
+
+def test_looped_run_without_recurrent_params_is_an_error(table):
+    i = int(np.flatnonzero(table["r"] > 1)[0])
+    table.loc[i, "N_rec"] = 0
+    _one_line_error(table, "N_rec", "looped")
+
+
+def test_diverged_and_failed_runs_are_excluded_and_counted(table):
+    table.loc[0, "status"] = "diverged"
+    table.loc[1, "status"] = "failed"
+    table.loc[2, "status"] = "DIVERGED"
+    table.loc[0, "val_loss"] = np.nan  # a diverged run's NaN loss is not an error
+    runs = validate_runs(table)
+    assert len(runs.df) == 113 and runs.n_excluded == 3
+    assert runs.excluded == {"diverged": 2, "failed": 1}
+
+
+def test_r1_runs_are_shared_by_every_variant(table):
+    other = synthetic_runs(0.38, seed=1, variant="tbptt")
+    other = other[other["r"] > 1].assign(run_id=lambda d: d["run_id"] + "_tbptt")
+    runs = validate_runs(pd.concat([table, other], ignore_index=True))
+    assert runs.variants == ["baseline", "tbptt"]
+    t = runs.for_variant("tbptt").df
+    assert (t[t["r"] == 1]["variant"] == "baseline").all() and len(t) == 116
+    with pytest.raises(ConfigError, match="variant"):
+        runs.for_variant("nope")
+
+
+def test_csv_parquet_and_sweep_dirs_load_the_same_table(tmp_path, table):
+    table.to_csv(tmp_path / "runs.csv", index=False)
+    table.to_parquet(tmp_path / "runs.parquet", index=False)
+    a = load_runs(tmp_path / "runs.csv").df
+    b = load_runs(tmp_path / "runs.parquet").df
+    c = load_runs(tmp_path).df  # a dir with runs.parquet / runs.csv
+    sweep = tmp_path / "sweep"
+    for _, row in table.iterrows():
+        d = sweep / row["run_id"]
+        d.mkdir(parents=True)
+        rec = {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
+        rec["hardware"] = {"gpu": "none"}  # nested fields are ignored
+        (d / "result.json").write_text(json.dumps(rec))
+    e = load_runs(sweep).df
+    for other in (b, c, e):
+        key = other.set_index("run_id").loc[a["run_id"]]
+        np.testing.assert_allclose(key["val_loss"], a["val_loss"])
+        np.testing.assert_allclose(key["D"], a["D"])
+
+
+def test_missing_path_and_unknown_format_are_one_line_errors(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        load_runs(tmp_path / "nope.csv")
+    (tmp_path / "runs.xlsx").write_text("x")
+    with pytest.raises(ConfigError, match="unknown table format"):
+        load_runs(tmp_path / "runs.xlsx")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"result\.json"):
+        load_runs(tmp_path / "empty")
+
+
+def test_sweep_dir_with_a_failed_run_record_excludes_it(tmp_path, table):
+    for _, row in table.head(6).iterrows():
+        d = tmp_path / row["run_id"]
+        d.mkdir()
+        (d / "result.json").write_text(json.dumps({k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}))
+    (tmp_path / "crashed").mkdir()  # what the trainer writes when a run raises: no D, no val_loss
+    (tmp_path / "crashed" / "result.json").write_text(json.dumps({"status": "failed", "error": "OOM", "r": 4}))
+    runs = load_runs(tmp_path)
+    assert len(runs.df) == 6 and runs.excluded == {"failed": 1}

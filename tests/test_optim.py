@@ -1,0 +1,363 @@
+"""loopscale.optim: MuonH, AdamW groups, transfer rules, schedules, config errors (docs/optim.md)."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from loopscale.config import validate
+from loopscale.errors import ConfigError
+from loopscale.optim import (
+    MuonH,
+    OptimConfig,
+    build_optimizers,
+    cosine,
+    linear_decay,
+    lr_schedule,
+    newton_schulz5,
+    resolve_lrs,
+    transfer_factors,
+    wsd,
+)
+from loopscale.optim.config import TOKENS_REF
+
+PAPER_LRS = {"matrix": 0.014, "embed": 0.3, "head": 0.004, "norm": 0.005, "scalar": 0.01}
+REF = {"d_model": 640, "tokens_per_step": 2**18, "total_tokens": TOKENS_REF}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny problems run fastest (and politest on a shared machine) on one thread."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+class Tiny(nn.Module):
+    """All five parameter groups, with same-shape matrices (batched NS) and a tall one (transposed NS)."""
+
+    def __init__(self, vocab: int = 16, d: int = 8) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.a = nn.Linear(d, d, bias=False)
+        self.b = nn.Linear(d, d, bias=False)
+        self.up = nn.Linear(d, 4 * d, bias=False)  # weight is tall: 32 x 8
+        self.down = nn.Linear(4 * d, d, bias=False)
+        self.norm = nn.Parameter(torch.ones(d))
+        self.gate = nn.Parameter(torch.full((2,), 0.5))
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.embed(idx)
+        x = x + self.b(torch.tanh(self.a(x))) * self.gate[0]
+        x = x + self.down(torch.relu(self.up(x * self.norm))) * self.gate[1]
+        return self.head(x)
+
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        return {"matrix": [self.a.weight, self.b.weight, self.up.weight, self.down.weight],
+                "embed": [self.embed.weight], "head": [self.head.weight], "norm": [self.norm],
+                "scalar": [self.gate]}
+
+
+def _batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 16, (4, 12), generator=g), torch.randint(0, 16, (4, 12), generator=g)
+
+
+def _train(model: Tiny, opt, steps: range, total: int) -> None:
+    for step in steps:
+        opt.set_lr_for_step(step, total)
+        x, y = _batch(step)
+        loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def _build(model: Tiny, **cfg) -> object:
+    return build_optimizers(model.param_groups(), OptimConfig(**cfg), d_model=8, tokens_per_step=48,
+                            total_tokens=48 * 30)
+
+
+# ---- MuonH -------------------------------------------------------------------------------------------
+def test_muonh_keeps_each_matrix_on_the_sphere_of_its_initial_norm():
+    torch.manual_seed(0)
+    ws = [nn.Parameter(torch.randn(*s) * 0.1) for s in [(8, 8), (8, 8), (32, 8), (8, 32), (5, 7)]]
+    rho = [w.detach().norm().item() for w in ws]
+    opt = MuonH(ws, lr=0.05)
+    for _ in range(100):
+        for w in ws:
+            w.grad = torch.randn_like(w)
+        opt.step()
+    for w, r in zip(ws, rho, strict=True):
+        assert w.detach().norm().item() == pytest.approx(r, rel=1e-5)
+
+
+def test_muonh_step_moves_each_matrix_by_the_learning_rate_in_angle():
+    torch.manual_seed(0)
+    w = nn.Parameter(torch.randn(16, 24))
+    before = w.detach().clone()
+    opt = MuonH([w], lr=0.02, momentum=0.0)
+    w.grad = torch.randn_like(w)
+    opt.step()
+    cos = (before * w.detach()).sum() / (before.norm() * w.detach().norm())
+    assert math.acos(min(cos.item(), 1.0)) == pytest.approx(math.atan(0.02), rel=0.05)
+
+
+def test_newton_schulz5_output_is_close_to_orthogonal():
+    torch.manual_seed(0)
+    mats = [torch.randn(*s) for s in [(32, 96), (96, 32), (64, 256), (16, 48)]]
+    u, _ = torch.linalg.qr(torch.randn(64, 64))
+    v, _ = torch.linalg.qr(torch.randn(64, 64))
+    mats.append(u @ torch.diag(torch.logspace(-2, 0, 64)) @ v.T)  # square, condition number 100
+    for g in mats:
+        o = newton_schulz5(g)
+        assert o.shape == g.shape and o.dtype == g.dtype
+        s = torch.linalg.svdvals(o)
+        assert s.min().item() >= 0.65 and s.max().item() <= 1.25, (tuple(g.shape), s.min(), s.max())
+
+
+def test_newton_schulz5_batches_same_shape_matrices_like_one_at_a_time():
+    torch.manual_seed(0)
+    g = torch.randn(3, 24, 40)
+    batched = newton_schulz5(g)
+    for i in range(3):
+        torch.testing.assert_close(batched[i], newton_schulz5(g[i]), atol=1e-5, rtol=1e-5)
+
+
+def test_newton_schulz5_computes_in_the_requested_dtype_and_returns_the_input_dtype():
+    torch.manual_seed(0)
+    g = torch.randn(16, 32)
+    o = newton_schulz5(g, dtype=torch.bfloat16)
+    assert o.dtype == torch.float32
+    torch.testing.assert_close(o, newton_schulz5(g), atol=0.05, rtol=0.05)
+
+
+def test_muonh_beats_tuned_sgd_on_an_ill_conditioned_regression():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(256, 32, generator=g) * torch.logspace(0, -1.5, 32)
+    W0 = torch.randn(16, 32, generator=g) / 32**0.5
+    A = torch.randn(16, 32, generator=g)
+    Y = X @ (A / A.norm() * W0.norm()).T  # the target lies on the sphere MuonH keeps W on
+
+    def final_loss(make_opt, lr: float, steps: int = 100) -> float:
+        w = nn.Parameter(W0.clone())
+        opt = make_opt([w], lr)
+        for t in range(steps):
+            for group in opt.param_groups:
+                group["lr"] = lr * linear_decay(t, steps)
+            opt.zero_grad()
+            ((X @ w.T - Y) ** 2).mean().backward()
+            opt.step()
+        return ((X @ w.T - Y) ** 2).mean().item()
+
+    start = ((X @ W0.T - Y) ** 2).mean().item()
+    muonh = final_loss(lambda p, lr: MuonH(p, lr=lr), 0.1)
+    sgd = [final_loss(lambda p, lr: torch.optim.SGD(p, lr=lr), lr) for lr in (1.0, 3.0, 10.0, 20.0, 30.0)]
+    best_sgd = min(v for v in sgd if math.isfinite(v))
+    assert muonh < 1e-3 * start
+    assert muonh <= best_sgd
+
+
+def test_muonh_rejects_non_matrix_parameters_and_zero_norm_matrices():
+    with pytest.raises(ValueError, match="2-D"):
+        MuonH([nn.Parameter(torch.ones(4))])
+    with pytest.raises(ValueError, match="zero Frobenius norm"):
+        MuonH([nn.Parameter(torch.zeros(4, 4))])
+
+
+# ---- resume ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["muonh", "adamw"])
+def test_state_dict_round_trip_continues_a_bitwise_identical_trajectory(name):
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = _build(model, name=name, grad_clip=1.0)
+    _train(model, opt, range(10), 30)
+    saved_model = copy.deepcopy(model.state_dict())
+    saved_opt = copy.deepcopy(opt.state_dict())
+    _train(model, opt, range(10, 20), 30)
+
+    torch.manual_seed(123)  # rebuilt on other weights: the stored initial norms must win
+    resumed = Tiny()
+    opt2 = _build(resumed, name=name, grad_clip=1.0)
+    resumed.load_state_dict(saved_model)
+    opt2.load_state_dict(saved_opt)
+    _train(resumed, opt2, range(10, 20), 30)
+    for (k, a), b in zip(model.state_dict().items(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b), k
+
+
+def test_loading_state_for_another_optimiser_kind_is_an_error():
+    torch.manual_seed(0)
+    sd = _build(Tiny(), name="adamw").state_dict()
+    with pytest.raises(ValueError, match="optimiser state is for"):
+        _build(Tiny(), name="muonh").load_state_dict(sd)
+
+
+# ---- builder -----------------------------------------------------------------------------------------
+def test_muonh_builder_puts_matrices_in_muonh_and_the_rest_in_adamw_with_the_paper_settings():
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = build_optimizers(model.param_groups(), OptimConfig(), **REF)
+    muon, adamw = opt.optimizers
+    assert isinstance(muon, MuonH) and isinstance(adamw, torch.optim.AdamW)
+    assert [g["name"] for g in muon.param_groups] == ["matrix"]
+    assert [g["name"] for g in adamw.param_groups] == ["embed", "head", "norm", "scalar"]
+    for g in adamw.param_groups:
+        assert g["betas"] == (0.8, 0.95) and g["eps"] == 1e-10 and g["weight_decay"] == 0.0
+    assert opt.base_lrs == pytest.approx(PAPER_LRS)
+    assert muon.param_groups[0]["momentum"] == 0.95 and muon.param_groups[0]["ns_steps"] == 5
+
+
+def test_set_lr_applies_the_multiplier_to_every_group_base_lr():
+    torch.manual_seed(0)
+    opt = build_optimizers(Tiny().param_groups(), OptimConfig(), **REF)
+    opt.set_lr(0.5)
+    assert opt.lrs == pytest.approx({k: 0.5 * v for k, v in PAPER_LRS.items()})
+    assert opt.set_lr_for_step(99, 100) == pytest.approx(0.1)
+    assert opt.lrs == pytest.approx({k: 0.1 * v for k, v in PAPER_LRS.items()})
+
+
+def test_plain_adamw_trains_every_group_with_one_optimiser():
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = _build(model, name="adamw", transfer=False)
+    assert len(opt.optimizers) == 1 and isinstance(opt.optimizers[0], torch.optim.AdamW)
+    assert opt.base_lrs == pytest.approx({**PAPER_LRS, "matrix": 0.003})
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = _batch(0)
+    loss0 = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
+    _train(model, opt, range(30), 30)
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).item() < loss0
+
+
+def test_plain_adamw_single_lr_gives_every_group_adamw_lr():
+    opt = build_optimizers(Tiny().param_groups(), OptimConfig(name="adamw", adamw_single_lr=True,
+                                                              adamw_lr=1e-3, transfer=False), **REF)
+    assert set(opt.base_lrs.values()) == {1e-3}
+
+
+def test_grad_clip_bounds_the_global_gradient_norm_and_returns_the_unclipped_norm():
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = _build(model, grad_clip=1e-3)
+    x, y = _batch(0)
+    nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    norm = opt.step()
+    assert norm == pytest.approx(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item())
+    clipped = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
+    assert clipped.item() == pytest.approx(1e-3, rel=1e-3)
+    assert _build(Tiny()).step() is None  # no clipping configured: nothing computed
+
+
+def test_builder_accepts_empty_groups_and_rejects_unknown_or_duplicated_parameters():
+    torch.manual_seed(0)
+    model = Tiny()
+    groups = {"matrix": model.param_groups()["matrix"], "embed": [], "head": [], "norm": [], "scalar": []}
+    assert len(build_optimizers(groups, OptimConfig(), **REF).optimizers) == 1
+    with pytest.raises(ValueError, match="unknown group"):
+        build_optimizers({"matrices": []}, OptimConfig(), **REF)
+    tied = {**groups, "head": [model.embed.weight], "embed": [model.embed.weight]}
+    with pytest.raises(ValueError, match="appears twice"):
+        build_optimizers(tied, OptimConfig(), **REF)
+
+
+# ---- transfer rules ----------------------------------------------------------------------------------
+def test_transfer_gives_the_paper_lrs_at_the_reference_point():
+    assert resolve_lrs(OptimConfig(), **REF) == pytest.approx(PAPER_LRS, rel=1e-12)
+
+
+def test_transfer_scales_with_the_paper_exponents():
+    cfg = OptimConfig()
+    base = resolve_lrs(cfg, **REF)
+    wide = resolve_lrs(cfg, **{**REF, "d_model": 4 * 640})
+    big_batch = resolve_lrs(cfg, **{**REF, "tokens_per_step": 2**20})
+    long = resolve_lrs(cfg, **{**REF, "total_tokens": 10 * TOKENS_REF})
+    for k in PAPER_LRS:
+        assert wide[k] / base[k] == pytest.approx(1.0 if k == "matrix" else 4**-0.5)
+        assert big_batch[k] / base[k] == pytest.approx(4**0.558)
+        assert long[k] / base[k] == pytest.approx(10**-0.32 if k == "matrix" else 1.0)
+    f = transfer_factors(cfg, d_model=1280, tokens_per_step=2**17, total_tokens=2 * TOKENS_REF)
+    assert f == pytest.approx({"width": 2**-0.5, "batch": 2**-0.558, "data": 2**-0.32})
+
+
+def test_transfer_off_applies_only_lr_scale_and_d_ref_is_configurable():
+    off = resolve_lrs(OptimConfig(transfer=False, lr_scale=2.0), d_model=64, tokens_per_step=8,
+                      total_tokens=1e3)
+    assert off == pytest.approx({k: 2 * v for k, v in PAPER_LRS.items()})
+    moved = resolve_lrs(OptimConfig(tokens_ref=1e9, d_ref=128), d_model=128, tokens_per_step=2**18,
+                        total_tokens=1e9)
+    assert moved == pytest.approx(PAPER_LRS)
+
+
+def test_plain_adamw_matrix_lr_takes_the_width_and_data_rules():
+    cfg = OptimConfig(name="adamw")
+    base = resolve_lrs(cfg, **REF)
+    moved = resolve_lrs(cfg, **{**REF, "d_model": 2560, "total_tokens": 10 * TOKENS_REF})
+    assert moved["matrix"] / base["matrix"] == pytest.approx(4**-0.5 * 10**-0.32)
+
+
+def test_transfer_rejects_non_positive_run_sizes():
+    with pytest.raises(ConfigError, match="tokens_per_step"):
+        resolve_lrs(OptimConfig(), d_model=640, tokens_per_step=0, total_tokens=1e9)
+
+
+# ---- schedules ---------------------------------------------------------------------------------------
+def test_linear_decay_is_one_at_step_zero_and_final_frac_at_the_last_step():
+    assert linear_decay(0, 100) == 1.0
+    assert linear_decay(99, 100) == pytest.approx(0.1, abs=1e-15)
+    assert linear_decay(49.5, 100) == pytest.approx(0.55)  # linear in between
+    assert linear_decay(150, 100) == pytest.approx(0.1)  # stays at the floor past the end
+    assert linear_decay(0, 1) == 1.0
+
+
+def test_cosine_warms_up_then_falls_to_its_floor():
+    vals = [cosine(s, 100, final_lr_frac=0.05, warmup_frac=0.1) for s in range(100)]
+    assert vals[0] == pytest.approx(0.1) and vals[9] == 1.0
+    assert all(a < b for a, b in itertools.pairwise(vals[:10]))
+    assert all(a >= b for a, b in itertools.pairwise(vals[9:]))
+    assert vals[-1] == pytest.approx(0.05)
+    mid = 9 + (99 - 9) / 2
+    assert cosine(mid, 100, final_lr_frac=0.05, warmup_frac=0.1) == pytest.approx(0.525)
+
+
+def test_wsd_is_flat_then_decays_linearly_over_its_decay_fraction():
+    vals = [wsd(s, 101, decay_frac=0.2) for s in range(101)]
+    assert vals[:81] == [1.0] * 81
+    assert vals[90] == pytest.approx(0.55) and vals[100] == pytest.approx(0.1)
+    assert [wsd(s, 50, decay_frac=1.0) for s in range(50)] == pytest.approx(
+        [linear_decay(s, 50) for s in range(50)])
+
+
+def test_lr_schedule_picks_the_configured_shape():
+    assert lr_schedule(OptimConfig())(99, 100) == pytest.approx(0.1)
+    assert lr_schedule(OptimConfig(schedule="wsd", decay_frac=0.5))(10, 101) == 1.0
+    assert lr_schedule(OptimConfig(schedule="cosine", final_lr_frac=0.0))(99, 100) == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="total_steps"):
+        linear_decay(0, 0)
+
+
+# ---- config errors -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(("data", "field"), [
+    ({"schedule": "exponential"}, "schedule"),
+    ({"matrix_lr": -0.01}, "matrix_lr"),
+    ({"lr": 0.1}, "lr"),
+    ({"name": "sgd"}, "name"),
+    ({"betas": [0.9, 1.5]}, "betas[1]"),
+    ({"schedule": "wsd", "warmup_frac": 0.5, "decay_frac": 0.6}, "decay_frac"),
+    ({"grad_clip": 0.0}, "grad_clip"),
+    ({"warmup_frac": 1.0}, "warmup_frac"),
+])
+def test_bad_configs_raise_one_line_config_errors_naming_the_field(data, field):
+    with pytest.raises(ConfigError) as err:
+        validate(OptimConfig, data, prefix="optim")
+    assert err.value.field == f"optim.{field}"
+    assert "\n" not in str(err.value)
