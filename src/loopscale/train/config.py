@@ -109,6 +109,11 @@ def load_train_config(path: str | Path | None = None, overrides: list[str] | Non
     if overrides:
         data = apply_overrides(data, overrides)
         source = f"{source} + --set" if path else "--set"
+    return train_config_from_dict(data, source)
+
+
+def train_config_from_dict(data: dict[str, Any], source: str = "config") -> TrainConfig:
+    """Defaults <- a mapping of [model] [data] [optim] [run] tables (a sweep builds one per run)."""
     user_model = dict(data.get("model") or {})
     model = dict(DEFAULT_MODEL)
     if "s" in user_model or "d_model" in user_model:

@@ -196,6 +196,10 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
     if cfg.model.vocab_size < data.tokenizer.vocab_size:
         raise ConfigError("model.vocab_size", f"smaller than the tokenizer's vocabulary "
                           f"({data.tokenizer.vocab_size})", value=cfg.model.vocab_size)
+    max_id = int(max(data.train.max(), data.val.max()))
+    if max_id >= cfg.model.vocab_size:
+        raise ConfigError("model.vocab_size", f"the data holds token id {max_id}; set vocab_size > {max_id} "
+                          "(tokenizer and data do not match)", value=cfg.model.vocab_size)
     val_rows = data.val_rows(run.val_tokens)
 
     torch.manual_seed(run.seed)
