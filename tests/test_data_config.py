@@ -18,7 +18,8 @@ SMALL = ["--set", "data.real_text_bytes=100000", "--set", "data.world.n_entities
 
 
 @pytest.mark.parametrize(("data", "field", "words"), [
-    ({"source": "shards"}, "data.source", "'default'"),
+    ({"source": "csv"}, "data.source", "'default'"),
+    ({"source": "shards"}, "data.paths", "needs data.paths"),
     ({"world_share": 0}, "data.world_share", "greater than 0"),
     ({"world_share": 1}, "data.world_share", "less than 1"),
     ({"colour": "red"}, "data.colour", "unknown key"),
