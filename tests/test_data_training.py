@@ -37,7 +37,18 @@ def continuation_loss(model: torch.nn.Module, items: list[EvalItem], tok: ByteTo
     return float((nll * mask).sum() / mask.sum())
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny tensors gain nothing from a second thread, and on two shared cores two threads were
+    8x slower (311 s vs 36 s for this test at load 5); one thread keeps it well under a minute."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
 def test_a_tiny_model_trained_on_the_mixture_lowers_the_task_world_continuation_loss() -> None:
     from loopscale.model import LoopedLM
 

@@ -13,7 +13,7 @@ from loopscale.data.world import CONTROL_TASKS, EVAL_QUESTIONS, TASKS, TRAIN_QUE
 # sha256 of the default config's train + validation + eval sets (DefaultData.fingerprint).
 # Generation uses only random.Random(str seed) and ordered containers, so this constant holds
 # on every platform; if you change the generator on purpose, update it and say so in the commit.
-DEFAULT_FINGERPRINT = "b761032dbbcb0aaac46d9940c574c96caafbed088c3c938841cc9e9f9908adec"
+DEFAULT_FINGERPRINT = "c44a67151010892adadcee17d407d7824ca3d711fc7dc09bfc6e69593306b922"
 SMALL = DataConfig(real_text_bytes=150_000, world={"n_entities": 40, "n_unseen_entities": 20,
                                                    "eval_per_task": 30})
 SMALL_FINGERPRINT = "470cbb2fa9d532146a9ed9acf1f07ab61513e501f7b5261fb613bfc7ddbe25a8"

@@ -47,7 +47,7 @@ class WorldMix(StrictModel):
 class WorldConfig(StrictModel):
     """Sizes of the generated task world (PAPER.md section 6, shrunk to CPU scale)."""
 
-    n_entities: int = Field(300, gt=0, le=5000, description="people whose biographies are in training")
+    n_entities: int = Field(200, gt=0, le=5000, description="people whose biographies are in training")
     n_unseen_entities: int = Field(100, gt=0, le=5000,
                                    description="matched people never in training (knowledge control)")
     eval_per_task: int = Field(200, gt=0, le=20000, description="evaluation items per task")

@@ -194,6 +194,11 @@ def unigram_entropy(docs: list[str]) -> float:
 def build_default(cfg: DataConfig | None = None) -> DefaultData:
     """Build the embedded default mixture for ``cfg`` (``DataConfig()`` when omitted)."""
     cfg = cfg or DataConfig()
+    if cfg.source != "default":
+        from loopscale.errors import ConfigError
+
+        raise ConfigError("data.source", "the embedded mixture is source 'default'; the user's data is "
+                          "read by loopscale.train.batches", value=cfg.source)
     real_train, real_val = real_text(cfg)
     ratio = cfg.world_share / (1.0 - cfg.world_share)
     world = build_world(cfg, train_bytes=round(sum(map(_nbytes, real_train)) * ratio),
