@@ -17,19 +17,6 @@ from rich.table import Table
 from loopscale import grids
 from loopscale.cli.app import app, console, err_console
 
-_TEMPLATE_FIELDS = (
-    "vocab_size",
-    "head_dim",
-    "L_eff",
-    "n_prelude",
-    "n_coda",
-    "seq_len",
-    "injection",
-    "mlp_ratio",
-    "vocab_multiple",
-    "hc_lanes",
-)
-
 
 def _template(base: dict[str, Any], overrides: list[str], source: str) -> dict[str, Any]:
     """The architecture template (a [model] table without width and r), with --set overrides."""
@@ -40,16 +27,6 @@ def _template(base: dict[str, Any], overrides: list[str], source: str) -> dict[s
     head = int(model.get("head_dim", 128))
     validate(ModelConfig, {**model, "d_model": head, "r": 1}, source=source, prefix="model")
     return model
-
-
-def _template_from_table(df: Any) -> dict[str, Any]:
-    """Paper template, with any architecture column of the table that has one value throughout."""
-    out: dict[str, Any] = dict(grids.PAPER_MODEL)
-    for col in _TEMPLATE_FIELDS:
-        if col in df.columns and df[col].nunique(dropna=True) == 1:
-            v = df[col].dropna().iloc[0]
-            out[col] = v.item() if hasattr(v, "item") else v
-    return out
 
 
 def _fmt(x: Any, digits: int = 4) -> str:
@@ -104,7 +81,9 @@ def fit(
             f"excluded {table.n_excluded} run(s) that did not finish: "
             + ", ".join(f"{k} x{n}" for k, n in sorted(table.excluded.items()))
         )
-    template = _template(_template_from_table(table.df), set_, source="--set")
+    from loopscale.fit.table import template_from_table
+
+    template = _template(template_from_table(table.df), set_, source="--set")
     settings = FitSettings(
         loss=loss,
         delta=delta,

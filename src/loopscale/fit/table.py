@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -252,3 +253,22 @@ def budget_cells(df: pd.DataFrame) -> np.ndarray | None:
 def budget_values(df: pd.DataFrame) -> np.ndarray:
     """Each run's budget C rounded to 3 significant digits (for grouping)."""
     return np.array([float(f"{v:.3g}") for v in np.asarray(df["C"], dtype=float)])
+
+
+# Architecture columns that set the law-based frontier's template when they hold one value throughout.
+TEMPLATE_FIELDS: tuple[str, ...] = (
+    "vocab_size", "head_dim", "L_eff", "n_prelude", "n_coda", "seq_len", "injection", "mlp_ratio",
+    "vocab_multiple", "hc_lanes",
+)
+
+
+def template_from_table(df: Any) -> dict[str, Any]:
+    """The paper's template, with any architecture column of the table that has one value throughout."""
+    from loopscale import grids
+
+    out: dict[str, Any] = dict(grids.PAPER_MODEL)
+    for col in TEMPLATE_FIELDS:
+        if col in df.columns and df[col].nunique(dropna=True) == 1:
+            v = df[col].dropna().iloc[0]
+            out[col] = v.item() if hasattr(v, "item") else v
+    return out

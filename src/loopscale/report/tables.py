@@ -1,0 +1,420 @@
+"""The report's tables, as plain rows of formatted strings; rendered to HTML and to Markdown.
+
+Every number comes from the fit file (or the runs and axes tables); nothing is refitted here.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from loopscale.report.context import ReportContext
+from loopscale.report.figures import AXIS_TITLES, axes_scores, axis_order, equivalence_ratios, tt_budget
+from loopscale.report.honesty import delta_phi_reading
+from loopscale.report.style import fmt_count, fmt_flops
+
+
+@dataclass
+class Table:
+    id: str
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+    note: str = ""
+    classes: list[str] = field(default_factory=list)  # per-row CSS class ("" for none)
+
+    def html(self) -> str:
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
+        body = []
+        for i, row in enumerate(self.rows):
+            cls = self.classes[i] if i < len(self.classes) and self.classes[i] else ""
+            attr = f' class="{cls}"' if cls else ""
+            body.append(f"<tr{attr}>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>")
+        note = f'<p class="note">{html.escape(self.note)}</p>' if self.note else ""
+        return (
+            f'<table id="{self.id}"><caption>{html.escape(self.title)}</caption>'
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>{note}"
+        )
+
+    def markdown(self) -> str:
+        def cell(s: str) -> str:
+            return s.replace("|", "\\|")
+
+        lines = [f"**{self.title}**", "", "| " + " | ".join(map(cell, self.columns)) + " |"]
+        lines.append("|" + "|".join("---" for _ in self.columns) + "|")
+        lines += ["| " + " | ".join(map(cell, row)) + " |" for row in self.rows]
+        if self.note:
+            lines += ["", f"_{self.note}_"]
+        return "\n".join(lines)
+
+
+# ---- formatting ------------------------------------------------------------------------------
+def num(x: Any, digits: int = 4) -> str:
+    if x is None:
+        return "–"
+    x = float(x)
+    if not np.isfinite(x):
+        return "–"
+    if abs(x) >= 1e4 or (abs(x) < 1e-3 and x != 0):
+        return f"{x:.{digits - 1}e}"
+    return f"{x:.{digits}f}" if abs(x) < 10 else f"{x:.{max(digits - 2, 1)}f}"
+
+
+def ci_txt(ci: Any, digits: int = 4, signed: bool = False) -> str:
+    if not ci or ci[0] is None or ci[1] is None:
+        return "–"
+    if signed:
+        return f"[{float(ci[0]):+.{digits}f}, {float(ci[1]):+.{digits}f}]"
+    return f"[{num(ci[0], digits)}, {num(ci[1], digits)}]"
+
+
+# ---- the tables --------------------------------------------------------------------------------
+def coefficients_table(ctx: ReportContext) -> Table:
+    rec, v = ctx.record, ctx.verdict
+    p = rec["law"]["params"]
+    cis = (rec.get("bootstrap") or {}).get("ci") or {}
+    level = f"{v.ci_level:.0%} CI"
+    rows, classes = [], []
+    phi_val = "undetermined" if p["phi"] is None else num(p["phi"])
+    if p["phi"] is not None and not v.identified:
+        phi_val += " (not identified)"
+    rows.append(["φ (recurrence-equivalence exponent)", phi_val, ci_txt(cis.get("phi"))])
+    classes.append("phi" if v.identified else "phi bad")
+    for key, name in (
+        ("alpha", "α (size exponent)"),
+        ("beta", "β (data exponent)"),
+        ("E", "E (irreducible loss)"),
+        ("A", "A"),
+        ("B", "B"),
+    ):
+        rows.append([name, num(p[key]), ci_txt(cis.get(key))])
+        classes.append("")
+    m = rec["metrics"]
+    rows.append(["R² (raw nats)", num(m["r2"]), ""])
+    per_r = ", ".join(f"r={r}: {x:.4f}" for r, x in (m.get("rmse_per_r") or {}).items())
+    rows.append(["RMSE (nats/token)", num(m["rmse"]), per_r])
+    for key, rf in (rec.get("restricted") or {}).items():
+        rows.append([f"restricted fit {key.replace('phi', 'φ')}: R²", num(rf["r2"]), f"RMSE {rf['rmse']:.4f}"])
+    for r, cf in (rec.get("per_r") or {}).items():
+        cp = cf["params"]
+        rows.append([f"Chinchilla fit r = {r} alone: R²", num(cf["r2"]), f"α {cp['alpha']:.3f}, β {cp['beta']:.3f}"])
+    classes += [""] * (len(rows) - len(classes))
+    law = rec["law"]
+    note = (
+        f"{ctx.variant}: {rec['n_runs']} runs, r = {', '.join(map(str, rec['rs']))}; "
+        f"converged: {'yes' if law.get('converged') else 'NO'}; "
+        f"{law.get('n_near_optimal', 1)} near-optimal minim{'um' if law.get('n_near_optimal', 1) == 1 else 'a'}"
+    )
+    return Table(
+        "tab-coefficients",
+        "joint law L = E + A (N_once + r^φ N_rec)^−α + B D^−β",
+        ["quantity", "value", level],
+        rows,
+        note,
+        classes,
+    )
+
+
+def delta_phi_table(ctx: ReportContext) -> Table | None:
+    fit = ctx.fit
+    if len(fit["variants"]) < 2:
+        return None
+    dphi = {d["variant"]: d for d in fit.get("delta_phi") or []}
+    rows = []
+    for name in fit["variants"]:
+        vd = ctx.verdicts[name]
+        d = dphi.get(name)
+        phi = "undetermined" if vd.phi is None else f"{vd.phi:.3f} {ci_txt(vd.ci, 3)}"
+        if vd.phi is not None and not vd.identified:
+            phi += " — not identified"
+        if name == ctx.variant:
+            rows.append([name + " (reference)", phi, "–", "–", "reference"])
+        elif d is None:
+            rows.append([name, phi, "–", "–", "Δφ not computed (φ undetermined)"])
+        else:
+            frac = "–" if d.get("fraction_above_zero") is None else f"{d['fraction_above_zero']:.2f}"
+            rows.append(
+                [
+                    name,
+                    phi,
+                    f"{d['delta_phi']:+.3f} {ci_txt(d.get('ci'), 3, signed=True)}",
+                    frac,
+                    delta_phi_reading(d).split(": ", 1)[-1],
+                ]
+            )
+    return Table(
+        "tab-delta-phi",
+        "Δφ per probe (paired block bootstrap)",
+        ["recipe", "φ [CI]", "Δφ [CI]", "P(Δφ > 0)", "reading"],
+        rows,
+        "r = 1 runs are shared by every recipe; Δφ = φ(recipe) − φ(reference).",
+    )
+
+
+def loss_gap_table(ctx: ReportContext) -> Table | None:
+    """Gap to r = 1 at matched compute per r: law-based (range over budgets, with CIs) and empirical."""
+    if 1 not in ctx.rs or len(ctx.rs) < 2:
+        return None
+    cis = (ctx.record.get("bootstrap") or {}).get("ci") or {}
+    rows = []
+    fr, emp = ctx.frontier, ctx.optima
+    for r in ctx.rs:
+        if r == 1:
+            continue
+        law_txt, ci_range, emp_txt = "–", "–", "–"
+        if not fr.empty and (fr["r"] == r).any():
+            g = fr[fr["r"] == r]
+            law_txt = f"{g['gap_to_r1'].min():+.3f} to {g['gap_to_r1'].max():+.3f}"
+            los = [cis.get(f"gap_to_r1_r{r}_C{c:.3g}", [None, None])[0] for c in g["C"]]
+            his = [cis.get(f"gap_to_r1_r{r}_C{c:.3g}", [None, None])[1] for c in g["C"]]
+            if all(x is not None for x in los + his):
+                ci_range = f"{min(los):+.3f} to {max(his):+.3f}"
+        if not emp.empty:
+            e = emp[(emp["r"] == r) & emp["gap_to_r1"].notna()]
+            if len(e):
+                n_b = int(e["bracketed"].astype(bool).sum())
+                emp_txt = f"{e['gap_to_r1'].min():+.3f} to {e['gap_to_r1'].max():+.3f}"
+                emp_txt += f" ({n_b}/{len(e)} cells bracketed)"
+        rows.append([f"r = {r}", law_txt, ci_range, emp_txt])
+    budgets = f"{fmt_flops(min(ctx.budgets))}–{fmt_flops(max(ctx.budgets))}" if ctx.budgets else "–"
+    return Table(
+        "tab-loss-gap",
+        f"loss gap to r = 1 at matched compute (nats/token, budgets {budgets})",
+        [
+            "r",
+            "joint law (range over budgets)",
+            "bootstrap 95% CI (outer range)",
+            "empirical (parabola minima; best run where not bracketed)",
+        ],
+        rows,
+        "positive: the looped model is worse than the non-looped one at the same training FLOPs.",
+    )
+
+
+def equivalence_table(ctx: ReportContext) -> Table:
+    """N_eq (same loss) and N_cost (same FLOPs) for the sweep's models, per width and r."""
+    df = ctx.df
+    phi = ctx.law.phi_
+    eq = equivalence_ratios(ctx)
+    lo = dict(zip(eq["r"], eq["N_eq_lo"], strict=True))
+    hi = dict(zip(eq["r"], eq["N_eq_hi"], strict=True))
+    key = "d_model" if "d_model" in df.columns else None
+    rows = []
+    models = df.drop_duplicates(["r", key] if key else ["r", "N_once", "N_rec"]).sort_values(["r", "N"])
+    for _, m in models.iterrows():
+        r = int(m["r"])
+        n_eq = "–" if phi is None else fmt_count(m["N_once"] + r**phi * m["N_rec"])
+        if phi is not None and np.isfinite(lo.get(r, np.nan)) and r > 1:
+            n_eq += f" [{fmt_count(lo[r] * m['N'])}, {fmt_count(hi[r] * m['N'])}]"
+        rows.append(
+            [
+                f"r = {r}",
+                str(int(m[key])) if key else "–",
+                fmt_count(m["N_once"]),
+                fmt_count(m["N_rec"]),
+                fmt_count(m["N"]),
+                n_eq,
+                fmt_count(m["N_once"] + r * m["N_rec"]),
+            ]
+        )
+    return Table(
+        "tab-equivalence",
+        "equivalent non-looped sizes of the sweep's models",
+        [
+            "r",
+            "d_model",
+            "N_once",
+            "N_rec",
+            "unique N",
+            "N_eq = N_once + r^φ N_rec [95% CI]",
+            "N_cost = N_once + r N_rec",
+        ],
+        rows,
+        "N_eq: the non-looped size with the same loss (quality); N_cost: the non-looped size whose training "
+        "costs the same FLOPs (cost). CI from φ's bootstrap draws.",
+    )
+
+
+def allocation_table(ctx: ReportContext) -> Table | None:
+    fr, emp = ctx.frontier, ctx.optima
+    if fr.empty and emp.empty:
+        return None
+    cis = (ctx.record.get("bootstrap") or {}).get("ci") or {}
+    e_idx = {(float(row["C"]), int(row["r"])): row for _, row in emp.iterrows()} if not emp.empty else {}
+    f_idx = {(float(row["C"]), int(row["r"])): row for _, row in fr.iterrows()} if not fr.empty else {}
+    keys = sorted(set(f_idx) | set(e_idx))
+    rows = []
+    for c, r in keys:
+        f = f_idx.get((c, r))
+        e = e_idx.get((c, r))
+        tag = f"r{r}_C{c:.3g}"
+        gap = "–"
+        if f is not None and r != 1 and np.isfinite(f["gap_to_r1"]):
+            gap = f"{f['gap_to_r1']:+.4f} {ci_txt(cis.get(f'gap_to_r1_{tag}'), 4, signed=True)}"
+        rows.append(
+            [
+                fmt_flops(c),
+                str(r),
+                "–" if f is None else f"{f['d']:.0f}",
+                "–" if f is None else fmt_count(f["N"]),
+                "–" if f is None else fmt_count(f["D"]),
+                "–" if f is None else f"{f['tokens_per_param']:.1f}",
+                "–" if f is None else f"{f['L']:.4f}",
+                gap,
+                "–" if e is None else fmt_count(e["N"]) + ("" if e["bracketed"] else " †"),
+                "–" if e is None else f"{e['tokens_per_param']:.1f}",
+                "–" if e is None else f"{e['L']:.4f}",
+            ]
+        )
+    return Table(
+        "tab-allocation",
+        "compute-optimal allocation per budget and r",
+        [
+            "C (FLOPs)",
+            "r",
+            "law d*",
+            "law N*",
+            "law D*",
+            "law D/N",
+            "law L*",
+            "law gap to r=1 [CI]",
+            "empirical N*",
+            "empirical D/N",
+            "empirical L*",
+        ],
+        rows,
+        "law: minimum over a continuous width of the fit's architecture template; empirical: vertex of the "
+        "parabola in log N through each cell's runs († not bracketed by the widths tried: the cell's best "
+        "run instead).",
+    )
+
+
+def axes_table(ctx: ReportContext) -> Table | None:
+    sc = axes_scores(ctx)
+    if sc.empty:
+        return None
+    c = float(sc["C"].max())
+    sc = sc[sc["C"] == c]
+    rs = sorted(sc["r"].unique())
+    has_acc = sc["accuracy"].notna().any()
+    rows = []
+    for name in axis_order(sc["axis"]):
+        g = sc[sc["axis"] == name].set_index("r")
+        row = [AXIS_TITLES.get(name, name)]
+        for r in rs:
+            if r not in g.index:
+                row.append("–")
+                continue
+            txt = f"{g.loc[r, 'loss']:.3f}"
+            if has_acc and np.isfinite(g.loc[r, "accuracy"]):
+                txt += f" ({100 * g.loc[r, 'accuracy']:.0f}%)"
+            if r != 1 and 1 in g.index:
+                txt += f" Δ{g.loc[r, 'loss'] - g.loc[1, 'loss']:+.3f}"
+            row.append(txt)
+        rows.append(row)
+    where = f"C = {fmt_flops(c)} FLOPs" if c > 0 else "all runs"
+    return Table(
+        "tab-axes",
+        f"five axes at {where}: continuation loss (nats/token)"
+        + (", accuracy in brackets" if has_acc else "")
+        + ", Δ to r = 1",
+        ["axis"] + [f"r = {r}" for r in rs],
+        rows,
+        "axis score = macro average of its tasks, at the compute-optimal run of each cell.",
+    )
+
+
+def test_time_table(ctx: ReportContext) -> Table | None:
+    sc = axes_scores(ctx, test_time=True)
+    if sc.empty:
+        return None
+    c = tt_budget(sc)
+    if c is None:
+        return None
+    sc = sc[sc["C"] == c]
+    mean = sc.groupby(["r", "r_eval"])["loss"].mean()
+    r_evals = sorted(sc["r_eval"].unique())
+    rows = []
+    for r in sorted(sc["r"].unique()):
+        row = [f"trained r = {r}"]
+        for re_ in r_evals:
+            v = mean.get((r, re_))
+            row.append("–" if v is None or not np.isfinite(v) else f"{v:.3f}" + (" *" if re_ == r else ""))
+        rows.append(row)
+    return Table(
+        "tab-test-time",
+        f"test-time recurrence at C = {fmt_flops(c)}: mean continuation loss of the axes",
+        ["model"] + [f"r_eval = {x}" for x in r_evals],
+        rows,
+        "* the r the model was trained with.",
+    )
+
+
+def checks_table(ctx: ReportContext) -> Table | None:
+    ch = ctx.record.get("checks") or {}
+    if not ch:
+        return None
+    rows = []
+    ex = ch.get("extrapolation")
+    if ex:
+        rows.append(
+            [
+                f"extrapolation to C = {fmt_flops(ex['held_out_budget'])}",
+                num(ex.get("phi"), 3),
+                f"RMSE {num(ex['rmse'])}, bias {ex['bias']:+.4f}, max {num(ex['max_abs'])}",
+            ]
+        )
+    hs = ch.get("half_split")
+    if hs:
+        for half in ("lower", "upper"):
+            h = hs.get(half) or {}
+            b = h.get("budgets") or []
+            span = f"{fmt_flops(min(b))}–{fmt_flops(max(b))}" if b else ""
+            rows.append([f"{half} half of the budgets ({span})", num(h.get("phi"), 3), f"R² {num(h.get('r2'))}"])
+    for r, lo in (ch.get("leave_one_r_out") or {}).items():
+        rows.append(
+            [f"leave r = {r} out, predict it", num(lo.get("phi"), 3), f"RMSE {num(lo['rmse'])}, bias {lo['bias']:+.4f}"]
+        )
+    return Table(
+        "tab-checks",
+        "validation of the fit (refits on part of the table)",
+        ["check", "φ of that fit", "prediction of the held-out runs (nats/token)"],
+        rows,
+    )
+
+
+def inputs_table(ctx: ReportContext) -> Table:
+    fit, inp = ctx.fit, ctx.inputs
+    s = fit.get("settings") or {}
+    src = fit.get("source") or {}
+    boot = ctx.record.get("bootstrap") or {}
+    rows = [
+        [
+            "runs table",
+            str(inp.runs.source),
+            f"{len(inp.runs.df)} usable runs"
+            + (f", {inp.runs.n_excluded} excluded (did not finish)" if inp.runs.n_excluded else ""),
+        ],
+        ["fit file", inp.fit_source, "fitted by this report" if inp.fit_computed else "read, not refitted"],
+        [
+            "fit settings",
+            f"{s.get('loss', '?')} δ={s.get('delta', '?')}, {s.get('restarts', '?')} starts",
+            f"bootstrap: {boot.get('n', 0)} resamples (unit: {boot.get('unit', '–')})",
+        ],
+        [
+            "fit made",
+            str(fit.get("created", "–")),
+            f"loopscale {fit.get('loopscale_version', '?')}; {src.get('n_used', '?')} runs used",
+        ],
+        ["axes table", inp.axes_source or "none (not evaluated)", "" if inp.axes is None else f"{len(inp.axes)} rows"],
+    ]
+    return Table("tab-inputs", "inputs", ["", "source", "details"], rows)
+
+
+def frame(table: Table) -> pd.DataFrame:
+    """A table as a DataFrame (handy in a notebook)."""
+    return pd.DataFrame(table.rows, columns=table.columns)

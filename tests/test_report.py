@@ -1,0 +1,253 @@
+"""`loopscale report` and `loopscale.report`: the figures, the self-contained page, the honest headline."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import re
+import subprocess
+import sys
+from html.parser import HTMLParser
+
+import matplotlib.image as mpimg
+import numpy as np
+import pandas as pd
+import pytest
+
+from loopscale.cli import run_app
+from loopscale.errors import ConfigError
+from loopscale.fit import FitSettings, fit_runs, synthetic_runs, write_fit
+from loopscale.report import NOT_IDENTIFIED, ReportContext, load_inputs, make_report, phi_verdict, read_axes
+from loopscale.report.figures import FIGURES, axes_scores
+
+NAMES = [name for name, _, _ in FIGURES]
+QUICK = FitSettings(restarts=60, bootstrap=20, checks=False, per_r=False)
+AXES = ("knowledge", "reading", "math", "reasoning", "symbolic")
+
+
+def runs_with_probe() -> pd.DataFrame:
+    """The paper's grid at phi = 0.46 plus the looped runs of a 'tbptt' recipe at phi = 0.38."""
+    base = synthetic_runs(0.46, seed=4)
+    probe = synthetic_runs(0.38, seed=5, variant="tbptt")
+    probe = probe[probe["r"] > 1].assign(run_id=lambda d: "tbptt_" + d["run_id"])
+    return pd.concat([base, probe], ignore_index=True)
+
+
+def small_axes_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """A hand-made axes table: the two largest budgets, one task per axis, and test-time rows at the largest.
+
+    Loss grows with r (more on knowledge), falls with compute, and falls when the loop runs longer.
+    """
+    rows = []
+    budgets = sorted(runs["C"].unique())[-2:]
+    base = runs[runs["variant"] == "baseline"]
+    for c in budgets:
+        for r in (1, 2, 4, 8):
+            cell = base[(base["C"] == c) & (base["r"] == r)]
+            run = cell.loc[cell["val_loss"].idxmin()]
+            for k, axis in enumerate(AXES):
+                for r_eval in (1, 2, 4, 8) if c == budgets[-1] else (r,):
+                    loss = 1.2 + 0.2 * k + (0.04 if axis == "knowledge" else 0.01) * np.log2(r)
+                    loss += 0.03 * abs(np.log2(r_eval / r)) - 0.05 * np.log10(c / 1e19)
+                    rows.append(
+                        {
+                            "run_id": run["run_id"],
+                            "C": c,
+                            "r": r,
+                            "r_eval": r_eval,
+                            "variant": "baseline",
+                            "d_model": run["d_model"],
+                            "axis": axis,
+                            "task": f"{axis}_task",
+                            "loss": loss,
+                            "accuracy": 0.5,
+                            "n_items": 40,
+                        }
+                    )
+    return pd.DataFrame(rows)
+
+
+class PageParser(HTMLParser):
+    """Collects ids, sections, images, links and tag balance of a page."""
+
+    VOID = frozenset({"meta", "img", "br", "hr", "link", "input", "source", "col", "wbr"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[str] = []
+        self.errors: list[str] = []
+        self.ids: list[str] = []
+        self.imgs: list[dict[str, str]] = []
+        self.urls: list[str] = []
+        self.tags: list[str] = []
+        self.section: str | None = None
+        self.img_section: dict[str, str] = {}
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags.append(tag)
+        if "id" in a:
+            self.ids.append(a["id"])
+        if tag == "section" and a.get("id", "").startswith("fig-"):
+            self.section = a["id"]
+        if tag == "img":
+            self.imgs.append(a)
+            if self.section:
+                self.img_section[self.section] = a.get("src", "")
+        for key in ("src", "href", "action", "data"):
+            if key in a:
+                self.urls.append(a[key])
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag):
+        if tag in self.VOID:
+            return
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes <{self.stack[-1] if self.stack else None}>")
+            return
+        self.stack.pop()
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    """A sweep dir (runs.csv + axes.csv + fit.json) and its report."""
+    sweep = tmp_path_factory.mktemp("sweep")
+    runs = runs_with_probe()
+    runs.to_csv(sweep / "runs.csv", index=False)
+    small_axes_table(runs).to_csv(sweep / "axes.csv", index=False)
+    write_fit(sweep / "fit.json", fit_runs(runs, QUICK))
+    out = sweep / "report"
+    index = make_report(sweep, out, fit=sweep / "fit.json")
+    return out, index
+
+
+def test_report_writes_every_figure_as_png_svg_and_pdf(report):
+    out, _ = report
+    for name in NAMES:
+        png = mpimg.imread(out / "figures" / f"{name}.png")
+        assert png.ndim == 3 and png.shape[2] in (3, 4)
+        assert png.shape[1] >= 700 and png.shape[0] >= 400, (name, png.shape)  # >= 150 dpi at print size
+        assert png[..., :3].std() > 0.05, name  # not blank
+        svg = (out / "figures" / f"{name}.svg").read_text()
+        assert svg.lstrip().startswith("<?xml") and "<svg" in svg
+        assert (out / "figures" / f"{name}.pdf").read_bytes()[:5] == b"%PDF-"
+    assert not list((out / "figures").glob(".*.tmp"))  # atomic writes leave no temp files
+
+
+def test_page_has_a_section_heading_and_embedded_png_for_every_figure(report):
+    _, index = report
+    page = PageParser()
+    page.feed(index.read_text(encoding="utf-8"))
+    for name in NAMES:
+        assert f"fig-{name}" in page.ids
+        src = page.img_section[f"fig-{name}"]
+        assert src.startswith("data:image/png;base64,")
+        assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    assert {"headline", "tab-coefficients", "tab-delta-phi", "tab-loss-gap", "tab-axes", "tab-test-time"} <= set(
+        page.ids
+    )
+
+
+def test_page_is_well_formed_and_self_contained(report):
+    _, index = report
+    text = index.read_text(encoding="utf-8")
+    assert text.startswith("<!DOCTYPE html>")
+    page = PageParser()
+    page.feed(text)
+    page.close()
+    assert page.errors == [] and page.stack == []
+    assert page.tags.count("h1") == 1 and "title" in page.tags and "body" in page.tags
+    assert not {"script", "link", "iframe", "object", "embed"} & set(page.tags)
+    for url in page.urls:  # anchors, the data URIs and the figure files beside the page; nothing else
+        assert url.startswith(("#", "data:image/png;base64,", "figures/")), url
+    assert not re.search(r"[a-z]+://|@import|url\(", text)
+
+
+def test_identified_phi_is_the_headline_with_its_ci(report):
+    out, index = report
+    doc = json.loads((out.parent / "fit.json").read_text())
+    v = phi_verdict(doc)
+    assert v.identified and v.label.startswith("φ = ") and v.ci is not None
+    text = index.read_text(encoding="utf-8")
+    assert v.label in text and NOT_IDENTIFIED not in text
+    assert "tbptt" in text and "Δφ" in text  # the probe's Delta-phi
+
+
+def test_summary_md_repeats_the_headline_and_links_every_figure(report):
+    out, _ = report
+    md = (out / "summary.md").read_text(encoding="utf-8")
+    assert md.startswith("# loopscale report")
+    assert "| quantity | value | 95% CI |" in md and "Δφ per probe" in md
+    for name in NAMES:
+        assert f"](figures/{name}.png)" in md
+        for fmt in ("svg", "pdf"):
+            assert f"(figures/{name}.{fmt})" in md
+
+
+def test_axes_scores_use_the_compute_optimal_run_of_each_cell(report, tmp_path):
+    runs = runs_with_probe()
+    axes = small_axes_table(runs)
+    c, r = axes["C"].max(), 4
+    cell = runs[(runs["C"] == c) & (runs["r"] == r) & (runs["variant"] == "baseline")]
+    worse = cell.loc[cell["val_loss"].idxmax()]
+    extra = axes[(axes["C"] == c) & (axes["r"] == r)].assign(run_id=worse["run_id"], loss=9.0)
+    doc = json.loads((report[0].parent / "fit.json").read_text())
+    ctx = ReportContext.build(load_inputs(runs, tmp_path, fit=doc, axes=pd.concat([axes, extra])))
+    sc = axes_scores(ctx)
+    assert len(sc) == 2 * 4 * 5 and sc["loss"].max() < 9.0  # the worse run of the cell is not used
+
+
+def test_r1_only_table_is_labelled_not_identified_and_missing_axes_say_not_evaluated(tmp_path, capsys):
+    runs = synthetic_runs(0.46, seed=4)
+    runs[runs["r"] == 1].to_csv(tmp_path / "runs.csv", index=False)
+    out = tmp_path / "report"
+    code = run_app(["report", str(tmp_path / "runs.csv"), "--out", str(out), "--bootstrap", "8", "--restarts", "30"])
+    assert code == 0
+    assert NOT_IDENTIFIED in capsys.readouterr().out
+    assert (out / "fit.json").is_file()  # the report ran the fit and kept it
+    text = (out / "index.html").read_text(encoding="utf-8")
+    head = text[text.index('id="headline"') : text.index("</section>", text.index('id="headline"'))]
+    assert NOT_IDENTIFIED in head and "no looped (r &gt; 1) runs" in head
+    for name in ("axes", "test_time"):
+        section = text[text.index(f'id="fig-{name}"') :]
+        assert "not evaluated" in section[: section.index("</section>")]
+        assert not (out / "figures" / f"{name}.png").exists()
+    assert NOT_IDENTIFIED in (out / "summary.md").read_text(encoding="utf-8")
+
+
+def test_pure_noise_table_is_labelled_not_identified():
+    runs = synthetic_runs(0.46, seed=7)
+    runs["val_loss"] = 2.6 + 0.15 * np.random.default_rng(0).standard_normal(len(runs))
+    settings = FitSettings(restarts=40, bootstrap=8, restricted=(), per_r=False, checks=False)
+    v = phi_verdict(fit_runs(runs, settings))
+    assert not v.identified and v.label == NOT_IDENTIFIED
+    assert any("R² = " in r for r in v.reasons)
+
+
+def test_phi_at_a_bound_or_with_a_wide_ci_is_not_identified(report):
+    doc = json.loads((report[0].parent / "fit.json").read_text())
+    at_bound = copy.deepcopy(doc)
+    at_bound["variants"]["baseline"]["law"]["at_bounds"] = ["phi"]
+    v = phi_verdict(at_bound)
+    assert not v.identified and any("bound" in r for r in v.reasons)
+    wide = copy.deepcopy(doc)
+    wide["variants"]["baseline"]["bootstrap"]["ci"]["phi"] = [-0.2, 0.9]
+    v = phi_verdict(wide)
+    assert not v.identified and any("1.10 wide" in r for r in v.reasons)
+    no_boot = copy.deepcopy(doc)
+    no_boot["variants"]["baseline"]["bootstrap"] = {"n": 0}
+    v = phi_verdict(no_boot)
+    assert v.identified and "uncertainty not estimated" in v.label
+
+
+def test_axes_table_without_a_loss_column_is_a_one_line_error():
+    with pytest.raises(ConfigError, match="loss: missing column"):
+        read_axes(pd.DataFrame({"r": [1], "axis": ["math"], "accuracy": [0.5]}))
+
+
+def test_importing_the_report_does_not_load_torch():
+    code = "import sys, loopscale.report, loopscale.report.figures; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
