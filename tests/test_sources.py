@@ -16,7 +16,8 @@ from loopscale.errors import ConfigError
 from loopscale.train import load_train_config, train
 from loopscale.train.batches import load_token_data
 
-WORDS = "the quick brown fox jumps over a lazy dog while seven wise owls count silver stars".split()
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wise",
+         "owls", "count", "silver", "stars"]
 
 
 def make_docs(n: int, seed: int = 0) -> list[str]:
@@ -73,7 +74,7 @@ def test_bin_shards_round_trip_and_headerless_arrays_need_a_dtype(tmp_path: Path
     toks.astype(np.uint32).tofile(tmp_path / "b.u32")
     assert np.array_equal(sources.read_shard(tmp_path / "b.u32"), toks)
     toks.astype(np.uint16).tofile(tmp_path / "c.raw")
-    with pytest.raises(ConfigError, match="set data.shard_dtype"):
+    with pytest.raises(ConfigError, match=r"set data\.shard_dtype"):
         sources.read_shard(tmp_path / "c.raw")
     docs = list(sources.shard_documents(toks, 255))
     assert len(docs) == 50 and all(255 not in d for d in docs)
@@ -91,7 +92,7 @@ def test_bad_data_configs_fail_in_one_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no such file or folder"):
         load_token_data(data_cfg(source="text", paths=[str(tmp_path / "missing")]), 32, use_cache=False)
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ConfigError, match="no .txt/.md files in the folder"):
+    with pytest.raises(ConfigError, match=r"no \.txt/\.md files in the folder"):
         load_token_data(data_cfg(source="text", paths=[str(tmp_path / "empty")]), 32, use_cache=False)
 
 
