@@ -4,6 +4,14 @@ from __future__ import annotations
 
 import sys
 
+import loopscale.cli.data  # (registers commands)
+import loopscale.cli.demo
+import loopscale.cli.eval
+import loopscale.cli.fit
+import loopscale.cli.report
+import loopscale.cli.sweep
+import loopscale.cli.tokenizer
+import loopscale.cli.train  # noqa: F401  (registers commands)
 from loopscale.cli import info  # noqa: F401  (registers commands)
 from loopscale.cli.app import app, run_app
 

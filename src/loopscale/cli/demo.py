@@ -1,0 +1,26 @@
+"""`loopscale demo`: the iso-depth study on the embedded default, end to end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from loopscale.cli.app import app
+
+
+@app.command()
+def demo(
+    out: Path = typer.Option(Path("demo"), "--out", "-o", help="Output dir (sweep, runs.csv, fit.json, report/)."),
+    quick: bool = typer.Option(False, "--quick", help="16 tiny runs, ~3 min: for CI and first contact."),
+    preset: str = typer.Option("demo", "--preset", help="demo (default, ~20 min on 2 cores) or study (hours)."),
+    bootstrap: int | None = typer.Option(None, help="Bootstrap resamples (default 200)."),
+    no_progress: bool = typer.Option(False, "--no-progress"),
+) -> None:
+    """Sweep r in {1,2,4,8} over budgets and widths, fit phi with a bootstrap CI, evaluate five axes, report.
+
+    Rerun the same command to resume: finished runs are skipped.
+    """
+    from loopscale.demo import run_demo
+
+    run_demo(out, preset="quick" if quick else preset, bootstrap=bootstrap, progress=not no_progress)

@@ -1,0 +1,116 @@
+"""`loopscale demo`: the paper's whole argument on a laptop — sweep, fit, five-axis eval, report.
+
+Every stage reads and writes plain files under OUT, so the demo resumes where it stopped:
+the sweep skips finished runs, the evaluation reuses its per-run cache, fit and report are
+recomputed (seconds). ``--quick`` is a 16-run, ~3-minute version for CI and first contact.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+PRESETS = {"quick": "quick", "demo": "demo", "study": "study"}
+
+
+def run_demo(out: str | Path = "demo", *, preset: str = "demo", bootstrap: int | None = None,
+             restarts: int | None = None, eval_limit: int | None = None, progress: bool = True,
+             console: Console | None = None) -> dict[str, Any]:
+    """Run (or resume) the demo in ``out``; returns the headline dict (also written to OUT/headline.json)."""
+    from loopscale.errors import ConfigError
+    from loopscale.eval.runs import evaluate_path
+    from loopscale.fit import FitSettings, fit_runs, load_runs, write_fit
+    from loopscale.fit.table import template_from_table
+    from loopscale.io import atomic_write_json
+    from loopscale.report import make_report
+    from loopscale.sweep import load_spec, prepare, run_sweep, runs_table, write_table
+
+    if preset not in PRESETS:
+        raise ConfigError("--preset", f"expected one of {', '.join(PRESETS)}", value=preset)
+    con = console or Console(stderr=True)
+    out = Path(out)
+    t0 = time.time()
+    spec = load_spec(PRESETS[preset])
+    con.rule(f"[bold]1/4 sweep[/] ({preset}: {len(spec.runs())} runs) -> {out / 'sweep'}")
+    store = prepare(spec, out / "sweep")
+    summary = run_sweep(spec, store, progress=progress, console=con)
+    df, counts = runs_table(store)
+    runs_csv, _ = write_table(df, out / "runs.csv")
+    con.print(f"runs table: {runs_csv} ({counts})", highlight=False)
+
+    con.rule("[bold]2/4 fit[/]")
+    defaults = FitSettings()
+    table = load_runs(runs_csv)
+    settings = FitSettings(bootstrap=bootstrap if bootstrap is not None else defaults.bootstrap,
+                           restarts=restarts if restarts is not None else defaults.restarts,
+                           template=template_from_table(table.df))
+    fit = fit_runs(table, settings, progress=lambda m: con.print(f"  {m}", highlight=False))
+    fit_path = write_fit(out / "fit.json", fit)
+
+    con.rule("[bold]3/4 five-axis evaluation[/] (compute-optimal run per budget and r)")
+    ev = evaluate_path(out / "sweep", "world", out_dir=out, limit=eval_limit,
+                       on_run=lambda ref, i, n: con.print(f"  [{i + 1}/{n}] {ref.run_id}", highlight=False))
+    con.rule("[bold]4/4 report[/]")
+    index = make_report(runs_csv, out / "report", fit=fit_path, axes=ev["axes_csv"])
+    headline = _headline(fit, ev, summary, index, time.time() - t0)
+    atomic_write_json(out / "headline.json", headline)
+    _print_headline(con, headline)
+    return headline
+
+
+def _headline(fit: dict[str, Any], ev: dict[str, Any], summary: Any, index: Path, wall: float) -> dict[str, Any]:
+    """The numbers the demo prints: phi [CI] and its verdict, R2 vs restricted fits, delta phi, gaps, axes."""
+    from loopscale.data.config import AXES
+    from loopscale.report.honesty import phi_verdict
+
+    ref = fit.get("reference_variant") or next(iter(fit["variants"]))
+    v = fit["variants"][ref]
+    verdict = phi_verdict(fit, ref)
+    gaps: dict[str, dict[str, float]] = {}
+    for row in v["optima"]["empirical"]:
+        if row["r"] != 1 and row.get("gap_to_r1") is not None:
+            gaps.setdefault(str(row["r"]), {})[f"{row['C']:.3g}"] = row["gap_to_r1"]
+    axes: dict[str, dict[int, list[float]]] = {}
+    for row in ev["summary"]:
+        if row.get("r_eval") != row.get("r"):
+            continue  # test-time recurrence points are in the report, not the headline
+        for axis in AXES:
+            x = row.get(f"loss_{axis}")
+            if x is not None:
+                axes.setdefault(axis, {}).setdefault(int(row["r"]), []).append(float(x))
+    return {
+        "phi": verdict.phi, "phi_ci": list(verdict.ci) if verdict.ci else None, "identified": verdict.identified,
+        "verdict": verdict.label, "reasons": verdict.reasons,
+        "r2": v["metrics"]["r2"], "restricted": {k: r["r2"] for k, r in v["restricted"].items()},
+        "delta_phi": {d.get("variant", f"#{i}"): d.get("delta_phi") for i, d in enumerate(fit.get("delta_phi") or [])},
+        "loss_gap_to_r1": gaps,
+        "axes": {a: {r: sum(x) / len(x) for r, x in sorted(per.items())} for a, per in axes.items()},
+        "report": str(index), "wall_s": wall,
+    }
+
+
+def _print_headline(con: Console, h: dict[str, Any]) -> None:
+    con.rule("[bold]headline")
+    ci = h.get("phi_ci")
+    phi = h.get("phi")
+    ci_txt = f" [95% CI {ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
+    con.print(f"phi = {phi:.3f}{ci_txt}" if phi is not None else "phi: no fit", highlight=False)
+    con.print(f"  {h.get('verdict')}" + (f" ({'; '.join(h['reasons'])})" if h.get("reasons") else ""),
+              highlight=False)
+    if h.get("restricted"):
+        con.print("  R2: free " + f"{h['r2']:.4f}" + "".join(f", {k} {v:.4f}" for k, v in h["restricted"].items()
+                                                           if v is not None), highlight=False)
+    for k, v in (h.get("delta_phi") or {}).items():
+        if v is not None:
+            con.print(f"  delta phi ({k}) = {v:+.3f}", highlight=False)
+    for r, per in (h.get("loss_gap_to_r1") or {}).items():
+        con.print(f"  loss gap to r=1 at matched compute, r={r}: "
+                  + ", ".join(f"C={c}: {g:+.3f}" for c, g in per.items()), highlight=False)
+    if h.get("axes"):
+        con.print("  continuation loss per axis (nats/token) by r: " + json.dumps(
+            {a: {str(r): round(x, 3) for r, x in per.items()} for a, per in h["axes"].items()}), highlight=False)
+    con.print(f"report: {h['report']}  ({h['wall_s'] / 60:.1f} min)", highlight=False)

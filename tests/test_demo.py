@@ -1,0 +1,62 @@
+"""`loopscale demo --quick` end to end: killed mid-sweep, resumed without redoing runs, report checked."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+FIGURES = ("isoflop", "frontier", "parity", "residuals", "phi", "equivalence", "allocation", "axes")
+
+
+def _demo(out: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "loopscale", "demo", "--quick", "--out", str(out), "--bootstrap",
+                             "40", "--no-progress"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finished(out: Path) -> dict[str, int]:
+    return {p.parent.name: p.stat().st_mtime_ns for p in (out / "sweep" / "runs").glob("*/result.json")}
+
+
+def test_quick_demo_resumes_after_sigkill_and_writes_a_checked_report(tmp_path: Path) -> None:
+    import matplotlib.image as mpimg
+
+    out = tmp_path / "demo"
+    proc = _demo(out)
+    t0 = time.time()
+    while len(_finished(out)) < 3:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.time() - t0 < 600
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = _finished(out)
+    assert 3 <= len(before) < 16
+
+    proc = _demo(out)
+    _, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0, err[-3000:]
+    after = _finished(out)
+    assert len(after) == 16
+    assert all(after[k] == v for k, v in before.items())  # finished runs were not redone
+
+    head = json.loads((out / "headline.json").read_text())
+    assert "phi" in head and head["verdict"] and set(head["restricted"]) == {"phi=0", "phi=1"}
+    assert set(head["axes"]) == {"knowledge", "reading", "math", "reasoning", "symbolic"}
+    assert "phi" in err and "report:" in err
+
+    html = (out / "report" / "index.html").read_text()
+    for name in FIGURES:
+        for ext in ("png", "svg", "pdf"):
+            f = out / "report" / "figures" / f"{name}.{ext}"
+            assert f.exists() and f.stat().st_size > 1000, f
+        img = mpimg.imread(out / "report" / "figures" / f"{name}.png")
+        assert img.ndim == 3 and img.shape[0] > 300 and img.shape[1] > 600
+        assert img.std() > 0.01  # not blank
+    assert html.count("data:image/png;base64,") >= len(FIGURES)
+    assert "http://" not in html and "https://" not in html
+    runs = (out / "runs.csv").read_text().splitlines()
+    assert len(runs) == 17
