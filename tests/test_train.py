@@ -221,3 +221,9 @@ def test_torchrun_two_cpu_processes_reproduce_the_single_process_curve(tmp_path:
 
     assert curve("ddp") == pytest.approx(curve("single"), rel=1e-4, abs=1e-5)
     assert ddp["val_loss"] == pytest.approx(single["val_loss"], rel=1e-4)
+
+
+def test_resolved_config_round_trips_through_toml_including_nulls(tmp_path: Path) -> None:
+    cfg = cfg_with("model.softcap=null", "model.bptt_k=1")
+    again = load_train_config(write_toml(tmp_path, cfg))
+    assert again == cfg and again.model.softcap is None

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from loopscale.errors import ConfigError, from_pydantic
 
@@ -47,6 +47,12 @@ class ModelConfig(StrictModel):
     rope_base: float = Field(10000.0, gt=0)
     norm_eps: float = Field(1e-6, gt=0)
     vocab_multiple: int = Field(64, gt=0)
+
+    @field_validator("softcap", mode="before")
+    @classmethod
+    def _softcap_off(cls, v: Any) -> Any:
+        """TOML has no null: ``softcap = "none"`` (as written into config.toml) turns the cap off."""
+        return None if isinstance(v, str) and v.strip().lower() in ("none", "off", "null") else v
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:

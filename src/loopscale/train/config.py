@@ -90,7 +90,11 @@ class TrainConfig(StrictModel):
         return steps
 
     def as_toml_dict(self) -> dict[str, Any]:
-        return _drop_none(self.model_dump(mode="json"))
+        """The config as TOML-ready tables; None becomes "none" where the default is not None."""
+        data = self.model_dump(mode="json")
+        if self.model.softcap is None:
+            data["model"]["softcap"] = "none"
+        return _drop_none(data)
 
 
 def _drop_none(obj: Any) -> Any:

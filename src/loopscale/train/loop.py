@@ -215,6 +215,7 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
         opt.load_state_dict(state["optim"])
         torch.set_rng_state(state["torch_rng"])
         start = int(state["step"])
+        t_start -= float(state.get("extra", {}).get("wall_s", 0.0))  # wall_s counts every session
         if dist.is_main:  # drop log lines written after the checkpoint (they will be redone)
             kept = [r for r in read_jsonl(run_dir / METRICS) if r.get("step", -1) <= start]
             atomic_write_text(run_dir / METRICS, "".join(_jsonl(r) for r in kept))
@@ -290,7 +291,8 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
                 stop = bool(flag.item())
             periodic = run.ckpt_every and done_steps % run.ckpt_every == 0 and done_steps < total_steps
             if (periodic or stop) and dist.is_main:
-                ck.save_checkpoint(run_dir, model=model, optimizers=opt, step=done_steps, extra={})
+                ck.save_checkpoint(run_dir, model=model, optimizers=opt, step=done_steps,
+                                   extra={"wall_s": time.time() - t_start})
             if stop:
                 if dist.world > 1:
                     torch.distributed.barrier()

@@ -1,0 +1,263 @@
+"""`loopscale sweep plan|run|status|collect`: the iso-depth grid, planned, run, resumed and tabulated.
+
+Heavy imports (torch through loopscale.train, pandas) stay inside the command functions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich import box
+from rich.table import Table
+
+from loopscale.cli.app import app, console, err_console
+from loopscale.errors import LoopscaleError
+
+sweep_app = typer.Typer(help="Plan, run, resume and collect an iso-depth sweep (docs/sweep.md).",
+                        no_args_is_help=True)
+app.add_typer(sweep_app, name="sweep")
+
+class SweepIncomplete(LoopscaleError):
+    """Some runs failed; the others finished (exit status 1)."""
+
+    exit_code = 1
+
+
+SPEC_HELP = "Spec TOML, a sweep dir (its spec.toml) or a preset name (e.g. demo, paper)."
+
+
+def _m(n: float) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else (f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}k")
+
+
+def _dur(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _store_for(spec_arg: str, out: Path | None, spec: Any) -> Any:
+    from loopscale.sweep import default_dir
+
+    p = Path(spec_arg)
+    if out is not None:
+        return out
+    if p.is_dir() and (p / "spec.toml").is_file():
+        return p
+    return default_dir(spec)
+
+
+@sweep_app.command()
+def plan(
+    spec_arg: str = typer.Argument(..., metavar="SPEC", help=SPEC_HELP),
+    set_: list[str] = typer.Option([], "--set", help="Dotted override of the spec, e.g. --set sweep.seeds=[0,1]"),
+    variant: list[str] = typer.Option([], "--variant", "-v", help="Only these variants (r = 1 runs included)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Sweep dir for the calibration cache "
+                                    "(default sweeps/<name>)."),
+    calibrate: bool = typer.Option(True, "--calibrate/--no-calibrate", help="Time a few steps per model shape."),
+    calibrate_s: float = typer.Option(60.0, "--calibrate-s", help="Time budget of the calibration (seconds)."),
+    flops_per_s: float | None = typer.Option(None, "--flops-per-s", help="Assume this FLOP/s per run instead."),
+    csv: Path | None = typer.Option(None, "--csv", help="Also write the plan as CSV."),
+) -> None:
+    """Print every run (size, tokens, steps, estimated time) and the totals, with warnings; trains nothing."""
+    from loopscale.sweep import load_spec, make_plan
+    from loopscale.sweep.calibrate import Calibration
+
+    spec = load_spec(spec_arg, set_)
+    root = Path(_store_for(spec_arg, out, spec))
+    cal = None
+    if calibrate and not flops_per_s:
+        cal = Calibration(root / "calibration.json")
+    p = make_plan(spec, variants=variant or None, calibration=cal, flops_per_s=flops_per_s, calibrate_s=calibrate_s,
+                  log=lambda m: err_console.print(m, style="dim", highlight=False))
+    t = Table(box=box.SIMPLE_HEAD, title=f"sweep {spec.name}: {len(p.rows)} runs", title_justify="left")
+    for col in ("run", "C", "r", "d", "layout", "N_once", "N_rec", "tokens", "tok/param", "steps", "est.", ""):
+        t.add_column(col, justify="left" if col in ("run", "layout", "") else "right")
+    for row in p.rows:
+        rs = row.run
+        t.add_row(rs.run_id, f"{rs.C:.3g}", str(rs.r), str(rs.d_model), rs.config.model.layout, _m(row.N_once),
+                  _m(row.N_rec), _m(row.tokens), f"{row.tokens_per_param:.3g}", str(row.steps),
+                  _dur(row.est_s) + ("*" if row.est_kind == "extrapolated" else ""),
+                  "!" if row.warnings else "")
+    console.print(t)
+    warned = [row for row in p.rows if row.warnings]
+    if warned:
+        console.print(f"[bold yellow]{len(warned)} warning(s):[/]")
+        for row in warned:
+            for w in row.warnings:
+                console.print(f"  {row.run.run_id}: {w}", highlight=False, markup=False)
+    per_variant = ", ".join(f"{k} {v}" for k, v in p.by_variant().items())
+    console.print(f"[bold]total:[/] {len(p.rows)} runs ({per_variant}), {p.total_flops:.4g} FLOPs, "
+                  f"{sum(r.tokens for r in p.rows):.4g} tokens", highlight=False)
+    if p.total_s is None and p.calibration_note:
+        console.print(f"[bold]estimated time:[/] - ({p.calibration_note})", highlight=False)
+    if p.total_s is not None:
+        star = "; * = extrapolated" if any(r.est_kind == "extrapolated" for r in p.rows) else ""
+        console.print(f"[bold]estimated time:[/] {_dur(p.total_s)} one run at a time ({p.calibration_note}{star})",
+                      highlight=False)
+    if spec.executors.get("slurm"):
+        from loopscale.sweep.slurm import settings_from_spec
+
+        s = settings_from_spec(spec.executors["slurm"], spec.source)
+        console.print(f"[bold]SLURM:[/] ~{p.total_flops / s.flops_per_gpu / 3600:.0f} GPU-hours at "
+                      f"{s.flops_per_gpu:.3g} FLOP/s per GPU (\\[slurm] flops_per_gpu)", highlight=False)
+    if csv is not None:
+        import pandas as pd
+
+        from loopscale.io import atomic_write_text
+
+        atomic_write_text(csv, pd.DataFrame([r.as_dict() for r in p.rows]).to_csv(index=False))
+        console.print(f"plan written to {csv}", highlight=False)
+
+
+@sweep_app.command()
+def run(
+    spec_arg: str = typer.Argument(..., metavar="SPEC_OR_DIR", help=SPEC_HELP),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Sweep dir (default sweeps/<name>, or SPEC_OR_DIR)."),
+    executor: str = typer.Option("local", "--executor", "-e", help="local or slurm."),
+    max_retries: int | None = typer.Option(None, "--max-retries", help="Retries of a failed run (default: spec)."),
+    isolate: bool = typer.Option(False, "--isolate", help="Each run in its own subprocess (or [local] isolate)."),
+    gpus: str | None = typer.Option(None, "--gpus", help="GPU ids for local slots, e.g. 0,1,2,3 (default: all)."),
+    nproc_per_run: int | None = typer.Option(None, "--nproc-per-run", help="torchrun processes (GPUs) per run."),
+    variant: list[str] = typer.Option([], "--variant", "-v", help="Only these variants (r = 1 runs included)."),
+    set_: list[str] = typer.Option([], "--set", help="Dotted override of the spec."),
+    retry_failed: bool = typer.Option(False, "--retry-failed", help="Give failed runs a fresh set of retries."),
+    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bars (one line per run)."),
+    cluster: str = typer.Option("slurm", "--cluster", hidden=True, help="submitit backend: slurm, local, debug."),
+    resubmit_queued: bool = typer.Option(False, "--resubmit-queued", help="slurm: resubmit queued runs even "
+                                         "when squeue cannot confirm their job is gone."),
+) -> None:
+    """Run (or resume) the sweep: finished runs are skipped, interrupted ones resume, failed ones are retried."""
+    from loopscale.errors import ConfigError
+    from loopscale.sweep import load_spec, prepare, run_sweep
+
+    spec = load_spec(spec_arg, set_)
+    store = prepare(spec, _store_for(spec_arg, out, spec))
+    retries = spec.max_retries if max_retries is None else max_retries
+    runs = spec.runs(variant or None)
+    if retry_failed:
+        for rs in runs:
+            st = store.state(rs.run_id)
+            if st.status == "failed":
+                store.write_attempts(rs.run_id, {**st.attempts, "failures": 0, "retryable": True})
+    err_console.print(f"sweep {spec.name}: {len(runs)} runs in {store.root}", highlight=False)
+    if executor == "slurm":
+        from loopscale.sweep import plan_row
+        from loopscale.sweep.slurm import settings_from_spec, submit
+
+        s = settings_from_spec(spec.executors.get("slurm", {}), spec.source)
+        flops = {rs.run_id: plan_row(rs, spec).flops for rs in runs}
+        recs = submit(store, runs, flops, s, max_retries=retries, cluster=cluster, resubmit_queued=resubmit_queued,
+                      log=lambda m: err_console.print(m, highlight=False))
+        if not recs:
+            err_console.print("nothing to submit: every run is finished, running or queued", highlight=False)
+        if cluster == "debug":  # runs in this process, one after another
+            for rec in recs:
+                for job in rec["jobs"]:
+                    job.result()
+        err_console.print(f"follow with: loopscale sweep status {store.root}", highlight=False)
+        return
+    if executor != "local":
+        raise ConfigError("--executor", "expected local or slurm", value=executor)
+    from loopscale.config import validate
+    from loopscale.sweep.local import LocalSettings
+
+    local: LocalSettings = validate(LocalSettings, spec.executors.get("local", {}), source=spec.source,
+                                    prefix="local")
+    gpu_ids = [int(g) for g in gpus.split(",") if g.strip()] if gpus is not None else local.gpus
+    summary = run_sweep(spec, store, variants=variant or None, max_retries=retries, isolate=isolate or local.isolate,
+                        gpus=gpu_ids, nproc_per_run=nproc_per_run or local.nproc_per_run, progress=not no_progress,
+                        console=err_console)
+    counts = ", ".join(f"{len(v)} {k}" for k, v in summary.outcomes.items())
+    err_console.print(f"sweep {spec.name}: {counts or 'nothing to do'} in {_dur(summary.wall_s)}; "
+                      f"`loopscale sweep collect {store.root}` writes the runs table", highlight=False)
+    failed = summary.outcomes.get("failed", []) + summary.outcomes.get("gave-up", [])
+    failed += [rid for rid in summary.outcomes.get("skipped", []) if store.state(rid).status == "failed"]
+    if failed:
+        more = ", ..." if len(failed) > 3 else ""
+        raise SweepIncomplete(f"{len(failed)} run(s) failed ({', '.join(failed[:3])}{more}); errors in "
+                              f"`loopscale sweep status {store.root}`; `--retry-failed` runs them again")
+
+
+@sweep_app.command("run-one", hidden=True)
+def run_one(
+    sweep_dir: Path = typer.Argument(...),
+    run_id: str = typer.Argument(...),
+    max_retries: int = typer.Option(2, "--max-retries"),
+) -> None:
+    """Worker: train one run of a sweep dir with the sweep's bookkeeping (used by --isolate and GPU slots)."""
+    from loopscale.sweep.execute import execute_run
+    from loopscale.sweep.store import open_store
+
+    outcome = execute_run(open_store(sweep_dir), run_id, max_retries=max_retries, executor="local-worker")
+    if outcome in ("failed", "retry"):
+        raise SweepIncomplete(f"{run_id}: {outcome}")
+
+
+@sweep_app.command()
+def status(
+    sweep_dir: Path = typer.Argument(..., metavar="DIR", help="Sweep dir."),
+    all_runs: bool = typer.Option(False, "--all", "-a", help="List every run, not only unfinished ones."),
+) -> None:
+    """Progress of a sweep: runs per status, FLOPs done, and the runs not yet done."""
+    from loopscale.sweep import STATUSES, open_store, plan_row
+    from loopscale.sweep.spec import load_spec
+
+    store = open_store(sweep_dir)
+    spec = load_spec(store.root)
+    planned = store.planned()
+    counts = dict.fromkeys(STATUSES, 0)
+    flops_total = flops_done = 0.0
+    t = Table(box=box.SIMPLE_HEAD)
+    for col in ("run", "status", "step", "val loss", "attempts", "note"):
+        t.add_column(col, justify="right" if col in ("step", "val loss", "attempts") else "left")
+    for rs in planned:
+        st = store.state(rs.run_id)
+        counts[st.status] += 1
+        f = plan_row(rs, spec).flops
+        flops_total += f
+        if st.status in ("done", "diverged", "failed"):
+            flops_done += f
+        if all_runs or st.status != "done":
+            res = st.result or {}
+            vl = res.get("val_loss")
+            note = str(res.get("error") or "").splitlines()[0][:90] if res.get("error") else ""
+            if st.status == "running" and st.lock:
+                note = f"{st.lock.get('host')} pid {st.lock.get('pid')}"
+            if st.status == "queued" and st.lock:
+                note = f"job {st.lock.get('job_id')}"
+            total = rs.config.total_steps()
+            step = res.get("steps", st.step)
+            t.add_row(rs.run_id, st.status, f"{step or 0}/{total}", f"{vl:.4f}" if vl is not None else "-",
+                      str(st.attempts.get("attempts", 0)), note)
+    if t.row_count:
+        console.print(t)
+    summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+    console.print(f"[bold]{store.root}:[/] {len(planned)} runs: {summary}; "
+                  f"{flops_done:.3g}/{flops_total:.3g} FLOPs ({100 * flops_done / max(flops_total, 1):.0f}%)",
+                  highlight=False)
+
+
+@sweep_app.command()
+def collect(
+    sweep_dir: Path = typer.Argument(..., metavar="DIR", help="Sweep dir."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="CSV path (default DIR/runs.csv); Parquet beside it."),
+) -> None:
+    """Write the runs table (runs.csv and runs.parquet) from the runs' result.json files."""
+    from loopscale.sweep import open_store, runs_table, write_table
+
+    store = open_store(sweep_dir)
+    df, missing = runs_table(store)
+    csv_path, pq_path = write_table(df, out or store.root / "runs.csv")
+    by_status = df["status"].value_counts().to_dict() if len(df) else {}
+    msg = ", ".join(f"{v} {k}" for k, v in by_status.items()) or "no results yet"
+    console.print(f"{csv_path} and {pq_path}: {len(df)} runs ({msg})", highlight=False)
+    if missing:
+        console.print("not in the table (no result yet): " + ", ".join(f"{v} {k}" for k, v in missing.items()),
+                      highlight=False)

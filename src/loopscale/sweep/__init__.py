@@ -1,0 +1,62 @@
+"""Iso-depth sweeps: spec -> plan -> runs (local or SLURM) -> one runs table for the fit.
+
+    from loopscale.sweep import load_spec, make_plan, prepare, run_sweep, runs_table
+    spec = load_spec("demo")                    # a file, a sweep dir or a preset name
+    plan = make_plan(spec)                      # every run's N, D, steps, warnings (+ time estimates)
+    store = prepare(spec, "sweeps/demo")        # spec.toml + runs/<id>/sweep.json
+    run_sweep(spec, store)                      # idempotent: finished runs are skipped
+    df, _ = runs_table(store)                   # the runs table (collect writes CSV + Parquet)
+
+Modules: ``spec`` (format, validation, expansion), ``plan`` and ``calibrate`` (planner),
+``store`` (run dirs and statuses), ``execute`` (one run with its bookkeeping), ``local`` and
+``slurm`` (executors), ``progress``, ``collect``. The format and the statuses are in docs/sweep.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from loopscale.sweep.collect import COLUMNS, runs_table, write_table
+from loopscale.sweep.plan import Plan, PlanRow, make_plan, plan_row
+from loopscale.sweep.spec import BASELINE, RunSpec, SweepSpec, load_spec, preset_path, presets, spec_from_dict
+from loopscale.sweep.store import STATUSES, SweepStore, open_store
+
+
+def default_dir(spec: SweepSpec) -> Path:
+    return Path("sweeps") / spec.name
+
+
+def prepare(spec: SweepSpec, out: str | Path | None = None) -> SweepStore:
+    """Create (or update) the sweep dir: the resolved spec.toml and every run's sweep.json."""
+    store = SweepStore(out if out is not None else default_dir(spec))
+    runs = spec.runs()
+    store.materialise(runs)  # first: refuses run dirs trained with a different config
+    text = spec.resolved_text()
+    old = store.spec_path.read_text(encoding="utf-8") if store.exists() else ""
+    if _body(old) != _body(text):  # keep the original header when rerun from the sweep dir
+        store.write_spec(text)
+    return store
+
+
+def _body(text: str) -> list[str]:
+    return [line for line in text.splitlines() if not line.startswith("#")]
+
+
+def run_sweep(spec: SweepSpec, store: SweepStore, *, variants: list[str] | None = None, max_retries: int | None = None,
+              isolate: bool = False, gpus: list[int] | None = None, nproc_per_run: int = 1, progress: bool = True,
+              console=None):
+    """Run the sweep with the local executor; returns a ``local.Summary``."""
+    from rich.console import Console
+
+    from loopscale.sweep.local import run_local
+
+    runs = spec.runs(variants)
+    flops = {rs.run_id: plan_row(rs, spec).flops for rs in runs}
+    retries = spec.max_retries if max_retries is None else max_retries
+    return run_local(store, runs, flops, max_retries=retries, console=console or Console(stderr=True),
+                     isolate=isolate, gpus=gpus, nproc_per_run=nproc_per_run, progress=progress)
+
+
+__all__ = ["BASELINE", "COLUMNS", "STATUSES", "Plan", "PlanRow", "RunSpec", "SweepSpec", "SweepStore",
+           "default_dir", "load_spec", "make_plan", "open_store", "plan_row", "prepare", "preset_path", "presets",
+           "run_sweep", "runs_table", "spec_from_dict", "write_table"]

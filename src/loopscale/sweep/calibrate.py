@@ -1,0 +1,207 @@
+"""Time estimates: a few real training steps of each distinct model shape on this machine, cached.
+
+For every distinct (model, batch, optimiser, device, threads) of a sweep, cheapest first: one
+warm-up step, then timed steps (forward + backward on ``rows`` rows of random tokens, and the
+optimiser step) give seconds per row and per optimiser step; a run's estimate is
+``steps * (rows_per_step * s_per_row + s_opt) + validation + fixed overhead``. When the time budget
+is spent (the paper's grid on a laptop), the remaining shapes are extrapolated from the achieved
+FLOP/s of the measured shape nearest in FLOPs/token, and marked so. Results are cached in
+``SWEEP_DIR/calibration.json`` under a key of the hardware, so a second plan costs nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loopscale import accounting
+from loopscale.io import atomic_write_json
+from loopscale.train.config import TrainConfig
+
+RUN_OVERHEAD_S = 1.5  # data load from the cache, model build, final save (CPU, measured on the demo)
+GUESS_FLOPS_PER_S = {"cpu": 2e10, "cuda": 5e13}  # before anything is measured: sizes the first measurement
+
+
+@dataclass
+class Timing:
+    s_per_row: float  # forward + backward, one row of T tokens
+    s_opt: float  # one optimiser step
+    flops_per_s: float  # achieved training FLOP/s
+    measured: bool  # False: extrapolated from a measured shape
+
+    def run_seconds(self, cfg: TrainConfig, steps: int) -> float:
+        val_rows = math.ceil(cfg.run.val_tokens / cfg.model.seq_len)
+        return (steps * (cfg.run.batch_size * self.s_per_row + self.s_opt) + val_rows * self.s_per_row / 3
+                + RUN_OVERHEAD_S)
+
+
+def shape_key(cfg: TrainConfig, device: str) -> str:
+    """Everything that changes the speed of a step (not the budget, seed or data)."""
+    blob = {"model": cfg.model.model_dump(mode="json"), "micro": cfg.run.micro_batch or cfg.run.batch_size,
+            "optim": cfg.optim.name, "ns_steps": cfg.optim.ns_steps, "threads": cfg.run.threads,
+            "dtype": cfg.run.dtype, "compile": cfg.run.compile, "device": device}
+    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def hardware_key(device: str) -> str:
+    import torch
+
+    from loopscale.train.hardware import available_cores, hardware_info
+
+    info = hardware_info(torch.device(device))
+    return f"{info.get('gpu') or info['cpu']}|{available_cores()} cores|torch {torch.__version__}"
+
+
+def _device(cfg: TrainConfig) -> str:
+    import torch
+
+    pref = cfg.run.device
+    return "cuda" if pref == "cuda" or (pref == "auto" and torch.cuda.is_available()) else "cpu"
+
+
+def measure(cfg: TrainConfig, rows: int, *, steps: int = 2) -> tuple[float, float]:
+    """(seconds per row of forward+backward, seconds per optimiser step) for this model on this machine."""
+    import torch
+
+    from loopscale.model import LoopedLM
+    from loopscale.optim import build_optimizers
+    from loopscale.train.hardware import Dist, autocast, resolved_dtype, setup_threads
+
+    device = torch.device(_device(cfg))
+    setup_threads(cfg.run.threads, Dist())
+    torch.manual_seed(0)
+    model = LoopedLM(cfg.model).to(device)
+    if cfg.run.compile:
+        for b in model.blocks():
+            b.compile()
+    opt = build_optimizers(model.param_groups(), cfg.optim, d_model=cfg.model.width,
+                           tokens_per_step=cfg.tokens_per_step, total_tokens=1e9)
+    dtype = resolved_dtype(device, cfg.run.dtype)
+    T, V = cfg.model.seq_len, min(cfg.model.vocab_size, 256)
+    x = torch.randint(0, V, (rows, T), device=device)
+    y = torch.randint(0, V, (rows, T), device=device)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def fwd_bwd() -> None:
+        with autocast(device, dtype):
+            logits = model(x)
+            loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
+        loss.backward()
+
+    fwd_bwd()
+    opt.step()
+    opt.zero_grad(set_to_none=True)  # warm-up (allocations, compilation)
+    t_fb = t_opt = 0.0
+    for _ in range(steps):
+        sync()
+        t0 = time.perf_counter()
+        fwd_bwd()
+        sync()
+        t1 = time.perf_counter()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync()
+        t_fb += t1 - t0
+        t_opt += time.perf_counter() - t1
+    return t_fb / steps / rows, t_opt / steps
+
+
+class Calibration:
+    """Cached timings per model shape for this hardware; ``timing(cfg)`` after ``ensure(configs)``."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.entries: dict[str, dict[str, Any]] = {}
+        self.hardware = ""
+        self.note = ""
+        if path is not None and path.exists():
+            try:
+                blob = json.loads(path.read_text(encoding="utf-8"))
+                self._all = blob
+            except (OSError, ValueError):
+                self._all = {}
+        else:
+            self._all = {}
+
+    def ensure(self, configs: list[TrainConfig], *, budget_s: float = 60.0, rows: int = 8,
+               log: Any = None) -> tuple[int, int]:
+        """Measure shapes not in the cache, cheapest first, within ``budget_s``. Returns (measured, total).
+
+        Rows per measurement shrink (to 1) so that a warm-up and two timed steps fit in what is left of the
+        budget, judged by the FLOP/s measured so far (at first: a rough guess for the device); shapes that
+        do not fit even with one row are extrapolated.
+        """
+        self.note = ""
+        if not configs:
+            return 0, 0
+        import torch
+
+        device = _device(configs[0])
+        if device == "cuda" and not torch.cuda.is_available():
+            self.note = "the runs ask for CUDA and this machine has none: no timing (use --flops-per-s)"
+            return 0, len({shape_key(c, device) for c in configs})
+        self.hardware = hardware_key(device)
+        self.entries = dict(self._all.get(self.hardware, {}))
+        shapes: dict[str, TrainConfig] = {}
+        for cfg in configs:
+            shapes.setdefault(shape_key(cfg, device), cfg)
+        todo = [(k, c) for k, c in shapes.items() if k not in self.entries]
+        todo.sort(key=lambda kc: accounting.train_flops_per_token(kc[1].model))
+        guess = GUESS_FLOPS_PER_S[device]
+        t_start = time.time()
+        for key, cfg in todo:
+            f = accounting.train_flops_per_token(cfg.model)
+            row_s = f * cfg.model.seq_len / (self._nearest_fps(f) or guess)
+            left = budget_s - (time.time() - t_start)
+            n_rows = min(rows, cfg.run.micro_batch or cfg.run.batch_size, int(left / (3 * row_s)))
+            if n_rows < 1:
+                continue  # does not fit in the budget: extrapolated
+            if log is not None:
+                log(f"calibrating {cfg.model.layout} d={cfg.model.width} ({n_rows} rows of {cfg.model.seq_len})")
+            s_row, s_opt = measure(cfg, n_rows)
+            self.entries[key] = {"s_per_row": s_row, "s_opt": s_opt, "flops_per_s": f * cfg.model.seq_len / s_row,
+                                 "flops_per_token": f, "layout": cfg.model.layout, "d_model": cfg.model.width,
+                                 "rows": n_rows}
+        self._save()
+        measured = sum(k in self.entries for k in shapes)
+        if not measured:
+            self.note = f"no model shape fits in --calibrate-s={budget_s:g} on this machine: no timing " \
+                        "(raise it, or use --flops-per-s)"
+        return measured, len(shapes)
+
+    def _nearest_fps(self, f: float) -> float | None:
+        if not self.entries:
+            return None
+        e = min(self.entries.values(), key=lambda e: abs(math.log(e["flops_per_token"] / f)))
+        return float(e["flops_per_s"])
+
+    def timing(self, cfg: TrainConfig) -> Timing | None:
+        key = shape_key(cfg, _device(cfg))
+        e = self.entries.get(key)
+        if e is not None:
+            return Timing(e["s_per_row"], e["s_opt"], e["flops_per_s"], True)
+        f = accounting.train_flops_per_token(cfg.model)
+        fps = self._nearest_fps(f)
+        if fps is None:
+            return None
+        return Timing(f * cfg.model.seq_len / fps, 0.0, fps, False)
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        self._all[self.hardware] = self.entries
+        atomic_write_json(self.path, self._all)
+
+
+def assumed_timing(cfg: TrainConfig, flops_per_s: float) -> Timing:
+    """A timing from an assumed throughput (e.g. a cluster GPU's achieved FLOP/s)."""
+    f = accounting.train_flops_per_token(cfg.model)
+    return Timing(f * cfg.model.seq_len / flops_per_s, 0.0, flops_per_s, False)

@@ -1,0 +1,120 @@
+"""The planner: every run's size, length, tokens per parameter and estimated time, before any compute.
+
+All numbers come from ``loopscale.accounting`` (the runs' exact configs); times from
+``calibrate`` (this machine) or from an assumed FLOP/s (a cluster). Warnings name the run:
+``refused``  fewer steps than ``run.min_steps`` (the trainer would refuse it);
+``budget``   whole steps miss C by more than ``checks.budget_tolerance``;
+``tokens/param`` outside ``[checks.min_tokens_per_param, checks.max_tokens_per_param]``;
+``long``     estimate above ``checks.max_run_hours``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from loopscale import accounting
+from loopscale.sweep.calibrate import Calibration, Timing, assumed_timing
+from loopscale.sweep.spec import RunSpec, SweepSpec
+
+
+@dataclass
+class PlanRow:
+    run: RunSpec
+    N_once: int
+    N_rec: int
+    flops_per_token: float
+    steps: int
+    tokens: int
+    flops: float
+    tokens_per_param: float
+    est_s: float | None = None
+    est_kind: str = ""  # measured / extrapolated / assumed
+    warnings: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        rs = self.run
+        return {"run_id": rs.run_id, "variant": rs.variant, "seed": rs.seed, "C": rs.C, "r": rs.r,
+                "d_model": rs.d_model, "layout": rs.config.model.layout, "N_once": self.N_once, "N_rec": self.N_rec,
+                "flops_per_token": self.flops_per_token, "steps": self.steps, "tokens": self.tokens,
+                "flops": self.flops, "tokens_per_param": self.tokens_per_param, "est_s": self.est_s,
+                "est_kind": self.est_kind, "warnings": "; ".join(self.warnings)}
+
+
+@dataclass
+class Plan:
+    spec: SweepSpec
+    rows: list[PlanRow]
+    calibration_note: str = ""
+
+    @property
+    def total_flops(self) -> float:
+        return sum(r.flops for r in self.rows)
+
+    @property
+    def total_s(self) -> float | None:
+        if any(r.est_s is None for r in self.rows):
+            return None
+        return sum(r.est_s or 0.0 for r in self.rows)
+
+    @property
+    def n_warnings(self) -> int:
+        return sum(bool(r.warnings) for r in self.rows)
+
+    def by_variant(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.rows:
+            out[r.run.variant] = out.get(r.run.variant, 0) + 1
+        return out
+
+
+def plan_row(rs: RunSpec, spec: SweepSpec) -> PlanRow:
+    cfg = rs.config
+    m = cfg.model
+    steps = cfg.total_steps()
+    tokens = steps * cfg.tokens_per_step
+    f = accounting.train_flops_per_token(m)
+    n_once, n_rec = accounting.N_once(m), accounting.N_rec(m)
+    row = PlanRow(rs, n_once, n_rec, f, steps, tokens, tokens * f, tokens / (n_once + n_rec))
+    ck = spec.checks
+    if steps < cfg.run.min_steps:
+        row.warnings.append(f"refused: {steps} steps < run.min_steps={cfg.run.min_steps} (raise C or lower "
+                            "run.batch_size)")
+    elif steps and abs(row.flops - rs.C) / rs.C > ck.budget_tolerance:
+        row.warnings.append(f"budget: {steps} whole steps give {row.flops:.3g} FLOPs, "
+                            f"{100 * (row.flops / rs.C - 1):+.0f}% off C")
+    if row.tokens_per_param < ck.min_tokens_per_param:
+        row.warnings.append(f"tokens/param {row.tokens_per_param:.2g} < {ck.min_tokens_per_param:g} (too short)")
+    elif row.tokens_per_param > ck.max_tokens_per_param:
+        row.warnings.append(f"tokens/param {row.tokens_per_param:.3g} > {ck.max_tokens_per_param:g} (too long)")
+    return row
+
+
+def make_plan(spec: SweepSpec, *, variants: list[str] | None = None, calibration: Calibration | None = None,
+              flops_per_s: float | None = None, calibrate_s: float = 60.0, log: Any = None) -> Plan:
+    """Plan every run; estimate times from ``flops_per_s`` if given, else from a (cached) calibration."""
+    runs = spec.runs(variants)
+    rows = [plan_row(rs, spec) for rs in runs]
+    note = ""
+    timings: list[Timing | None] = [None] * len(rows)
+    if flops_per_s:
+        timings = [assumed_timing(r.run.config, flops_per_s) for r in rows]
+        note = f"estimates assume {flops_per_s:.3g} FLOP/s per run"
+    elif calibration is not None:
+        measured, total = calibration.ensure([r.run.config for r in rows if not r.warnings or
+                                              not r.warnings[0].startswith("refused")], budget_s=calibrate_s, log=log)
+        timings = [calibration.timing(r.run.config) if measured else None for r in rows]
+        note = calibration.note or (f"estimates from {measured} of {total} model shapes timed on this machine "
+                                    f"({calibration.hardware})")
+        if 0 < measured < total:
+            note += "; the rest extrapolated from the nearest shape's FLOP/s"
+    for row, t in zip(rows, timings, strict=True):
+        if t is None or (row.warnings and row.warnings[0].startswith("refused")):
+            row.est_s = 0.0 if t is not None else None
+            continue
+        row.est_s = t.run_seconds(row.run.config, row.steps)
+        row.est_kind = "assumed" if flops_per_s else ("measured" if t.measured else "extrapolated")
+        if spec.checks.max_run_hours and row.est_s > 3600 * spec.checks.max_run_hours:
+            row.warnings.append(f"long: ~{row.est_s / 3600:.1f} h > checks.max_run_hours="
+                                f"{spec.checks.max_run_hours:g}")
+    return Plan(spec, rows, note)

@@ -1,0 +1,246 @@
+"""The SLURM executor (submitit): job arrays grouped by resources, throttled, requeued on preemption.
+
+Each run becomes one array task that calls :class:`SweepTask` with its run id; the task goes through
+``execute_run`` like every other executor (lock, attempts, failure record), so results do not depend
+on the executor. Runs are grouped by (GPUs, time limit, memory, CPUs) — one ``sbatch --array`` per
+group, ``%array_parallelism`` throttling each.
+
+Resources from the run's size (``[slurm]`` table, see docs/sweep.md): the estimated time is the
+run's FLOPs over ``flops_per_gpu`` x GPUs; ``gpus_per_run = "auto"`` doubles the GPUs (up to
+``max_gpus_per_run``) until that fits in ``target_hours``; the time limit is the estimate x
+``time_margin`` plus 10 minutes, rounded up to a ladder of limits and capped at ``max_time_min``
+(a longer run is requeued and resumes from its checkpoint).
+
+Preemption and time limits: submitit asks SLURM for ``USR2`` ``signal_delay_s`` seconds before the
+limit. The task turns USR2 into SIGTERM for itself at the next step, so the trainer finishes that
+step, saves ``ckpt.pt`` and raises RunInterrupted; the task then hands over to submitit's handler,
+which calls ``SweepTask.checkpoint`` (the same run again) and requeues the array task. A plain
+SIGTERM (``scancel``, preemption without USR2) also checkpoints; the next submission resumes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any, Literal
+
+import submitit
+from pydantic import Field
+
+from loopscale.config import StrictModel, validate
+from loopscale.errors import ConfigError
+from loopscale.io import append_jsonl
+from loopscale.sweep.execute import execute_run, runnable
+from loopscale.sweep.spec import RunSpec
+from loopscale.sweep.store import SweepStore
+
+TIME_LADDER_MIN = (15, 30, 60, 120, 240, 480, 720, 1440, 2880, 4320, 10080)
+
+
+class SlurmSettings(StrictModel):
+    """The spec's ``[slurm]`` table (CLI flags override some)."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    job_name: str = "loopscale"
+    gpus_per_run: int | Literal["auto"] = Field(1, description="GPUs (DDP ranks) per run; 0 = CPU-only")
+    max_gpus_per_run: int = Field(8, gt=0, description="'auto' never asks for more (one node)")
+    target_hours: float = Field(12.0, gt=0, description="'auto': fewest GPUs finishing within this")
+    flops_per_gpu: float = Field(3e14, gt=0, description="assumed achieved training FLOP/s per GPU (or per run "
+                                 "when gpus_per_run = 0) for time limits")
+    time_margin: float = Field(1.5, ge=1, description="time limit = estimate x margin + 10 min")
+    min_time_min: int = Field(15, gt=0)
+    max_time_min: int = Field(1440, gt=0, description="cluster limit; longer runs are requeued and resume")
+    cpus_per_gpu: int = Field(8, gt=0)
+    cpus_per_run: int = Field(8, gt=0, description="CPUs when gpus_per_run = 0")
+    mem_gb_per_gpu: float = Field(64.0, gt=0)
+    mem_gb_per_run: float = Field(32.0, gt=0, description="memory when gpus_per_run = 0")
+    array_parallelism: int = Field(64, gt=0, description="tasks of one array running at once (%N)")
+    max_requeues: int = Field(20, ge=0, description="requeues after time limits / preemption per task")
+    signal_delay_s: int = Field(120, gt=0, description="USR2 this long before the time limit")
+    setup: list[str] = Field(default_factory=list, description="shell lines before the run, e.g. module load")
+    additional: dict[str, Any] = Field(default_factory=dict, description="extra #SBATCH flags")
+
+
+def settings_from_spec(table: dict[str, Any], source: str, **overrides: Any) -> SlurmSettings:
+    data = {**table, **{k: v for k, v in overrides.items() if v is not None}}
+    return validate(SlurmSettings, data, source=source, prefix="slurm")
+
+
+def resources(flops: float, s: SlurmSettings) -> dict[str, Any]:
+    """GPUs, time limit (minutes), memory and CPUs of one run from its planned FLOPs."""
+    if s.gpus_per_run == "auto":
+        gpus = 1
+        while flops / (s.flops_per_gpu * gpus) > 3600 * s.target_hours and gpus * 2 <= s.max_gpus_per_run:
+            gpus *= 2
+    else:
+        gpus = int(s.gpus_per_run)
+    est_min = flops / (s.flops_per_gpu * max(gpus, 1)) / 60
+    want = est_min * s.time_margin + 10
+    ladder = [t for t in TIME_LADDER_MIN if t >= s.min_time_min] or [s.min_time_min]
+    time_min = next((t for t in ladder if t >= want), ladder[-1])
+    time_min = max(s.min_time_min, min(time_min, s.max_time_min))
+    mem = s.mem_gb_per_gpu * gpus if gpus else s.mem_gb_per_run
+    cpus = s.cpus_per_gpu if gpus else s.cpus_per_run
+    return {"gpus": gpus, "time_min": int(time_min), "mem_gb": float(mem), "cpus_per_task": int(cpus),
+            "est_min": est_min}
+
+
+class SweepTask(submitit.helpers.Checkpointable):
+    """One array task: ``SweepTask(sweep_dir, max_retries)(run_id)`` trains that run of the sweep."""
+
+    def __init__(self, sweep_dir: str, max_retries: int) -> None:
+        self.sweep_dir = str(sweep_dir)
+        self.max_retries = int(max_retries)
+
+    def checkpoint(self, run_id: str) -> submitit.helpers.DelayedSubmission:  # type: ignore[override]
+        """Requeue the same run: the trainer resumes it from ckpt.pt."""
+        return submitit.helpers.DelayedSubmission(SweepTask(self.sweep_dir, self.max_retries), run_id)
+
+    def __call__(self, run_id: str) -> str:
+        from loopscale.train import RunInterrupted
+
+        env = submitit.JobEnvironment()
+        if env.num_tasks > 1:  # one rank per task: torch.distributed through env://
+            submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+            os.environ.setdefault("LOCAL_WORLD_SIZE", str(env.num_tasks // max(env.num_nodes, 1)))
+        store = SweepStore(self.sweep_dir)
+        usr = env._usr_sig()
+        requeue = signal.getsignal(usr)  # submitit's checkpoint-and-requeue handler
+        caught: dict[str, Any] = {"sig": None, "sent": False}
+
+        def on_usr(signum: int, frame: Any) -> None:
+            caught["sig"] = signum
+
+        def on_step(step: int, total: int) -> None:
+            if caught["sig"] is not None and not caught["sent"]:
+                caught["sent"] = True
+                os.kill(os.getpid(), signal.SIGTERM)  # the trainer checkpoints after this step
+
+        signal.signal(usr, on_usr)
+        try:
+            while True:
+                outcome = execute_run(store, run_id, max_retries=self.max_retries, on_step=on_step,
+                                      executor="slurm", job_id=str(env.job_id))
+                if outcome != "retry":
+                    return outcome
+        except RunInterrupted:
+            if caught["sig"] is not None and callable(requeue) and env.global_rank == 0:
+                requeue(usr, None)  # calls self.checkpoint(run_id), requeues this task, exits
+            raise
+        finally:
+            with contextlib.suppress(ValueError):
+                signal.signal(usr, requeue)
+
+
+def _alive_jobs(job_ids: list[str]) -> set[str] | None:
+    """Job ids (array tasks as 123_4) that squeue still lists; None when squeue is not available."""
+    if not job_ids:
+        return set()
+    if shutil.which("squeue") is None:
+        return None
+    try:
+        out = subprocess.run(["squeue", "--noheader", "--array", "--format=%i", f"--jobs={','.join(job_ids)}"],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {line.strip() for line in out.stdout.splitlines() if line.strip()}
+
+
+def make_executor(folder: Path, cluster: str, s: SlurmSettings) -> Any:
+    if cluster == "slurm":
+        if shutil.which("sbatch") is None:
+            raise ConfigError("--executor", "slurm: no `sbatch` on PATH (run this on the cluster's login node)",
+                              value="slurm")
+        return submitit.SlurmExecutor(folder=folder, max_num_timeout=s.max_requeues)
+    if cluster == "local":
+        return submitit.LocalExecutor(folder=folder, max_num_timeout=s.max_requeues)
+    if cluster == "debug":
+        return submitit.DebugExecutor(folder=folder)
+    raise ConfigError("cluster", "expected slurm, local or debug", value=cluster)
+
+
+def _parameters(cluster: str, res: dict[str, Any], s: SlurmSettings) -> dict[str, Any]:
+    gpus = res["gpus"]
+    if cluster == "slurm":
+        p: dict[str, Any] = {
+            "job_name": s.job_name, "time": res["time_min"], "nodes": 1, "ntasks_per_node": max(gpus, 1),
+            "cpus_per_task": res["cpus_per_task"], "mem": f"{math.ceil(res['mem_gb'])}GB",
+            "array_parallelism": s.array_parallelism, "signal_delay_s": s.signal_delay_s, "setup": list(s.setup),
+        }
+        if gpus:
+            p["gpus_per_node"] = gpus
+        for k in ("partition", "account", "qos", "constraint"):
+            if getattr(s, k):
+                p[k] = getattr(s, k)
+        if s.additional:
+            p["additional_parameters"] = dict(s.additional)
+        return p
+    if cluster == "local":
+        return {"timeout_min": res["time_min"], "gpus_per_node": gpus, "tasks_per_node": max(gpus, 1),
+                "signal_delay_s": s.signal_delay_s}
+    return {}
+
+
+def submit(store: SweepStore, runs: list[RunSpec], flops: dict[str, float], s: SlurmSettings, *,
+           max_retries: int, cluster: str = "slurm", resubmit_queued: bool = False,
+           parameters: dict[str, Any] | None = None, log: Any = None) -> list[dict[str, Any]]:
+    """Submit every runnable run as array tasks grouped by resources. Returns one record per array.
+
+    Runs already finished, running, failed for good, or queued in a job that squeue still lists are
+    skipped (``resubmit_queued`` submits queued runs again when squeue cannot be asked).
+    ``parameters`` overrides executor parameters (tests: a short local timeout).
+    """
+    queued = {rs.run_id: store.state(rs.run_id) for rs in runs}
+    queued_ids = {rid: str((st.lock or {}).get("job_id")) for rid, st in queued.items() if st.status == "queued"}
+    alive = _alive_jobs(sorted(set(queued_ids.values())))
+    todo: list[RunSpec] = []
+    for rs in runs:
+        ok, _why = runnable(store, rs.run_id, max_retries)
+        if not ok:
+            continue
+        if rs.run_id in queued_ids:
+            jid = queued_ids[rs.run_id]
+            if alive is None and not resubmit_queued:
+                if log:
+                    log(f"{rs.run_id}: queued as job {jid}; squeue unavailable, not resubmitted "
+                        "(--resubmit-queued to force)")
+                continue
+            if alive is not None and jid in alive:
+                continue
+        todo.append(rs)
+    groups: dict[tuple, list[RunSpec]] = {}
+    res_of: dict[str, dict[str, Any]] = {}
+    for rs in todo:
+        res = resources(flops[rs.run_id], s)
+        res_of[rs.run_id] = res
+        key = (res["gpus"], res["time_min"], res["mem_gb"], res["cpus_per_task"])
+        groups.setdefault(key, []).append(rs)
+    records = []
+    folder = store.root / "slurm" / "%j"
+    for key, members in sorted(groups.items()):
+        ex = make_executor(folder, cluster, s)
+        params = {**_parameters(cluster, res_of[members[0].run_id], s), **(parameters or {})}
+        if params:
+            ex.update_parameters(**params)
+        task = SweepTask(str(store.root), max_retries)
+        ids = [rs.run_id for rs in members]
+        jobs = ex.map_array(task, ids)
+        for rid, job in zip(ids, jobs, strict=True):
+            store.mark_queued(rid, str(job.job_id))
+        rec = {"cluster": cluster, "gpus": key[0], "time_min": key[1], "mem_gb": key[2], "cpus_per_task": key[3],
+               "runs": ids, "job_ids": [str(j.job_id) for j in jobs], "jobs": jobs}
+        (store.root / "slurm").mkdir(parents=True, exist_ok=True)
+        append_jsonl(store.root / "slurm" / "submissions.jsonl", {k: v for k, v in rec.items() if k != "jobs"})
+        records.append(rec)
+        if log:
+            log(f"submitted {len(ids)} run(s) as array {str(jobs[0].job_id).split('_')[0]}: {key[0]} GPU(s), "
+                f"{key[1]} min, {key[2]:g} GB")
+    return records

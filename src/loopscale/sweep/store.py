@@ -1,0 +1,267 @@
+"""The sweep dir: one trainer run dir per run, and a status read from the files in it.
+
+    SWEEP_DIR/
+      spec.toml            the spec as run (widths resolved)
+      events.jsonl         start / done / failed / diverged / interrupted, one line per event
+      calibration.json     timings of the planner (per model shape and hardware)
+      runs/<run_id>/       the trainer's run dir (config.toml, metrics.jsonl, ckpt.pt, result.json, ...)
+          sweep.json       the run's grid coordinates and exact TrainConfig (written when planned)
+          attempts.json    starts and failures so far, with the last errors
+          lock.json        held while a process trains the run (pid, host; heartbeat = mtime)
+          queued.json      SLURM job id while the run waits in a queue
+      runs.csv, runs.parquet   `loopscale sweep collect`
+
+Status (``RunState.status``), first match wins:
+  done         result.json says ok
+  diverged     result.json says diverged
+  failed       result.json says failed (retried while failures <= max_retries)
+  running      lock.json held by a live process (same host: the pid is alive; other host: fresh heartbeat)
+  queued       queued.json names a SLURM job (and no lock)
+  interrupted  started before (ckpt.pt, config.toml or metrics) but not running: resumes from its checkpoint
+  planned      nothing yet
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loopscale.errors import ConfigError
+from loopscale.io import append_jsonl, atomic_write_json, atomic_write_text
+from loopscale.sweep.spec import RunSpec
+
+RESULT = "result.json"
+META = "sweep.json"
+ATTEMPTS = "attempts.json"
+LOCK = "lock.json"
+QUEUED = "queued.json"
+STALE_AFTER_S = 900.0  # a lock from another host with no heartbeat for this long is stale
+HEARTBEAT_S = 30.0
+STATUSES = ("done", "diverged", "failed", "running", "queued", "interrupted", "planned")
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class RunState:
+    run_id: str
+    status: str
+    result: dict[str, Any] | None
+    attempts: dict[str, Any]
+    lock: dict[str, Any] | None = None
+    step: int | None = None
+
+    @property
+    def failures(self) -> int:
+        return int(self.attempts.get("failures", 0))
+
+    @property
+    def retryable(self) -> bool:
+        return bool(self.attempts.get("retryable", True))
+
+
+class Lock:
+    """An exclusive claim on a run (a hard link, atomic); ``beat()`` refreshes its mtime as a heartbeat."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._last = time.time()
+
+    def beat(self, force: bool = False) -> None:
+        now = time.time()
+        if force or now - self._last >= HEARTBEAT_S:
+            with contextlib.suppress(OSError):
+                os.utime(self.path)
+            self._last = now
+
+    def release(self) -> None:
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+
+
+class SweepStore:
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.runs_dir = self.root / "runs"
+
+    # -- layout --
+    def run_dir(self, run_id: str) -> Path:
+        return self.runs_dir / run_id
+
+    @property
+    def spec_path(self) -> Path:
+        return self.root / "spec.toml"
+
+    def exists(self) -> bool:
+        return self.spec_path.is_file()
+
+    def write_spec(self, text: str) -> None:
+        atomic_write_text(self.spec_path, text)
+
+    def event(self, event: str, run_id: str, **extra: Any) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        append_jsonl(self.root / "events.jsonl", {"time": time.time(), "event": event, "run_id": run_id,
+                                                  "host": socket.gethostname(), "pid": os.getpid(), **extra})
+
+    def events(self) -> list[dict[str, Any]]:
+        from loopscale.io import read_jsonl
+
+        return read_jsonl(self.root / "events.jsonl")
+
+    # -- planned runs --
+    def materialise(self, runs: list[RunSpec]) -> None:
+        """Write each run's sweep.json; refuse a run dir that already trained a different config."""
+        for rs in runs:
+            d = self.run_dir(rs.run_id)
+            meta = rs.meta()
+            old = _read_json(d / META)
+            if old is not None and old.get("config") != meta["config"]:
+                started = any((d / f).exists() for f in (RESULT, "ckpt.pt", "metrics.jsonl"))
+                if started:
+                    raise ConfigError(
+                        "spec", f"{d} was trained with a different config; use a new sweep dir (--out) or "
+                        "delete that run dir", value=rs.run_id, source=str(self.spec_path))
+            if old != meta:
+                atomic_write_json(d / META, meta)
+
+    def planned(self) -> list[RunSpec]:
+        """The runs written by ``materialise``, in plan order (as listed by spec.toml when it exists)."""
+        if not self.runs_dir.is_dir():
+            return []
+        metas = []
+        for d in sorted(self.runs_dir.iterdir()):
+            m = _read_json(d / META)
+            if m is not None:
+                metas.append(RunSpec.from_meta(m, source=str(d / META)))
+        order = {}
+        if self.exists():
+            from loopscale.sweep.spec import load_spec
+
+            with contextlib.suppress(ConfigError):
+                order = {rs.run_id: i for i, rs in enumerate(load_spec(self.root).runs())}
+        return sorted(metas, key=lambda rs: (order.get(rs.run_id, len(order)), rs.run_id))
+
+    def load_run(self, run_id: str) -> RunSpec:
+        m = _read_json(self.run_dir(run_id) / META)
+        if m is None:
+            raise ConfigError("run_id", f"not planned in {self.root} (no {META})", value=run_id)
+        return RunSpec.from_meta(m, source=str(self.run_dir(run_id) / META))
+
+    # -- status --
+    def attempts(self, run_id: str) -> dict[str, Any]:
+        return _read_json(self.run_dir(run_id) / ATTEMPTS) or {"attempts": 0, "failures": 0, "errors": []}
+
+    def write_attempts(self, run_id: str, rec: dict[str, Any]) -> None:
+        atomic_write_json(self.run_dir(run_id) / ATTEMPTS, rec)
+
+    def state(self, run_id: str) -> RunState:
+        d = self.run_dir(run_id)
+        attempts = self.attempts(run_id)
+        result = _read_json(d / RESULT)
+        if result is not None:
+            status = {"ok": "done", "diverged": "diverged"}.get(str(result.get("status")), "failed")
+            return RunState(run_id, status, result, attempts)
+        lock = self.live_lock(run_id)
+        step = _last_step(d)
+        if lock is not None:
+            return RunState(run_id, "running", None, attempts, lock, step)
+        if (d / QUEUED).exists():
+            return RunState(run_id, "queued", None, attempts, _read_json(d / QUEUED), step)
+        if any((d / f).exists() for f in ("ckpt.pt", "config.toml", "metrics.jsonl")):
+            return RunState(run_id, "interrupted", None, attempts, None, step)
+        return RunState(run_id, "planned", None, attempts)
+
+    # -- locks --
+    def live_lock(self, run_id: str) -> dict[str, Any] | None:
+        path = self.run_dir(run_id) / LOCK
+        info = _read_json(path)
+        if info is None:
+            return None if not path.exists() else self._young_or_none(path, {})
+        if info.get("host") == socket.gethostname():
+            return info if _pid_alive(int(info.get("pid", -1))) else None
+        return self._young_or_none(path, info)
+
+    @staticmethod
+    def _young_or_none(path: Path, info: dict[str, Any]) -> dict[str, Any] | None:
+        try:
+            age = time.time() - path.stat().st_mtime
+        except OSError:
+            return None
+        return info if age < STALE_AFTER_S else None
+
+    def try_lock(self, run_id: str, **info: Any) -> Lock | None:
+        """Claim a run for this process, or None when a live process holds it (stale locks are taken over)."""
+        d = self.run_dir(run_id)
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / LOCK
+        rec = {"pid": os.getpid(), "host": socket.gethostname(), "time": time.time(), **info}
+        tmp = d / f".lock.{socket.gethostname()}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(rec), encoding="utf-8")
+        try:
+            for _ in range(2):
+                try:
+                    os.link(tmp, path)  # atomic and exclusive (also on NFS): a lock is never half-written
+                except FileExistsError:
+                    if self.live_lock(run_id) is not None:
+                        return None
+                    with contextlib.suppress(OSError):
+                        path.unlink()  # stale: its process is gone
+                    continue
+                return Lock(path)
+            return None
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    # -- queue (SLURM) --
+    def mark_queued(self, run_id: str, job_id: str) -> None:
+        atomic_write_json(self.run_dir(run_id) / QUEUED, {"job_id": job_id, "time": time.time()})
+
+    def clear_queued(self, run_id: str) -> None:
+        with contextlib.suppress(OSError):
+            (self.run_dir(run_id) / QUEUED).unlink()
+
+
+def _last_step(run_dir: Path) -> int | None:
+    """The step of the last metrics line (cheap: reads the file's tail)."""
+    p = run_dir / "metrics.jsonl"
+    try:
+        with open(p, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 2048))
+            lines = fh.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        with contextlib.suppress(ValueError, TypeError, KeyError):
+            return int(json.loads(line)["step"])
+    return None
+
+
+def open_store(path: str | Path) -> SweepStore:
+    store = SweepStore(path)
+    if not store.exists():
+        raise ConfigError("DIR", "not a sweep dir (no spec.toml); start one with `loopscale sweep run SPEC`",
+                          value=str(path))
+    return store

@@ -1,0 +1,244 @@
+"""Running sweeps: a correct runs table, idempotent reruns, SIGKILL and restart, failures, locks, executors."""
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import tomli_w
+
+from conftest import TINY_DATA, TINY_MODEL
+from loopscale import accounting
+from loopscale.sweep import COLUMNS, load_spec, prepare, run_sweep, runs_table, spec_from_dict, write_table
+from loopscale.sweep.store import SweepStore
+
+
+def tiny_spec(**sweep) -> dict:
+    """2 budgets x 2 r x 2 widths of a 1 + 4 + 1 model at T = 64: 6-36 steps per run."""
+    model = {k: v for k, v in TINY_MODEL.items() if k != "d_model"}
+    return {
+        "sweep": {"name": "tiny", "budgets": [2e9, 4e9], "r": [1, 2], "widths": {"2e9": [16, 32], "4e9": [16, 32]},
+                  "max_retries": 1, **sweep},
+        "train": {"model": model, "data": copy.deepcopy(TINY_DATA), "optim": {"transfer": False},
+                  "run": {"batch_size": 8, "threads": 1, "val_tokens": 4096, "min_steps": 5, "log_every": 10,
+                          "ckpt_every": 0}},
+    }
+
+
+def write_spec(path: Path, spec: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(tomli_w.dumps(spec))
+    return path
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory):
+    """The tiny sweep, uninterrupted, in this process: (spec, store, table)."""
+    root = tmp_path_factory.mktemp("sweep")
+    spec = spec_from_dict(tiny_spec(), source="tiny.toml")
+    store = prepare(spec, root / "straight")
+    summary = run_sweep(spec, store, progress=False)
+    assert summary.count("done") == 8, summary.outcomes
+    df, _missing = runs_table(store)
+    return spec, store, df
+
+
+def test_tiny_sweep_finishes_and_collects_a_correct_runs_table(finished, tmp_path: Path) -> None:
+    spec, store, df = finished
+    assert list(df.columns[: len(COLUMNS)]) == list(COLUMNS)
+    assert list(df["run_id"]) == [rs.run_id for rs in spec.runs()] and (df["status"] == "ok").all()
+    for rs, row in zip(spec.runs(), df.itertuples(index=False), strict=True):
+        m = rs.config.model
+        res = json.loads((store.run_dir(rs.run_id) / "result.json").read_text())
+        assert (row.variant, row.seed, row.C, row.r, row.d_model) == ("baseline", 0, rs.C, rs.r, rs.d_model)
+        assert (row.N_once, row.N_rec) == (accounting.N_once(m), accounting.N_rec(m))
+        assert (row.n_prelude, row.n_recur, row.n_coda) == (m.n_prelude, m.n_recur, m.n_coda)
+        assert row.flops_per_token == accounting.train_flops_per_token(m)
+        tokens = 8 * 64 * accounting.steps_for_budget(m, rs.C, 8 * 64)
+        assert tokens == row.D
+        assert row.val_loss == res["val_loss"] and row.wall_s == res["wall_s"] and row.error == ""
+    csv_path, pq_path = write_table(df, tmp_path / "runs.csv")
+    pd.testing.assert_frame_equal(pd.read_csv(csv_path)[["run_id", "r", "N_once", "D", "val_loss"]],
+                                  df[["run_id", "r", "N_once", "D", "val_loss"]], check_dtype=False)
+    pd.testing.assert_frame_equal(pd.read_parquet(pq_path), df)
+    from loopscale.fit import load_runs
+
+    assert len(load_runs(csv_path).df) == 8  # the fit reads it as is
+
+
+def test_rerunning_a_finished_sweep_trains_nothing(finished) -> None:
+    spec, store, _df = finished
+    n_events = len(store.events())
+    summary = run_sweep(spec, store, progress=False)
+    assert summary.count("skipped") == 8 and len(store.events()) == n_events
+
+
+def _wait_mid_run(root: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Wait until some run has a checkpoint but no result (it is mid-run), and the sweep has finished one."""
+    t0 = time.time()
+    while True:
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() - t0 < timeout
+        runs = sorted((root / "runs").glob("*/ckpt.pt"))
+        done = list((root / "runs").glob("*/result.json"))
+        if done and any(not (ck.parent / "result.json").exists() for ck in runs):
+            return
+        time.sleep(0.01)
+
+
+def test_sigkill_mid_run_then_restart_finishes_every_run_once_with_the_same_table(finished, tmp_path: Path) -> None:
+    from loopscale.cli import run_app
+
+    spec = tiny_spec()
+    spec["train"]["run"]["ckpt_every"] = 3  # checkpoints do not change the trajectory
+    spec_path = write_spec(tmp_path / "tiny.toml", spec)
+    root = tmp_path / "killed"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "loopscale", "sweep", "run", str(spec_path), "--out", str(root),
+                             "--no-progress"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_mid_run(root, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    store = SweepStore(root)
+    states = {rs.run_id: store.state(rs.run_id).status for rs in store.planned()}
+    victim = next(rid for rid, st in states.items() if st == "interrupted")  # its lock names a dead process
+    assert "running" not in states.values() and "done" in states.values()
+
+    assert run_app(["sweep", "run", str(root), "--no-progress"]) == 0
+    assert run_app(["sweep", "collect", str(root)]) == 0
+    df = pd.read_parquet(root / "runs.parquet")
+    _spec, _store, straight = finished
+    cols = [c for c in straight.columns if c not in ("wall_s", "attempts")]
+    pd.testing.assert_frame_equal(df[cols], straight[cols])  # bitwise the same losses
+    events = store.events()
+    done = [e["run_id"] for e in events if e["event"] == "done"]
+    assert sorted(done) == sorted(straight["run_id"])  # every run finished exactly once
+    assert json.loads((root / "runs" / victim / "result.json").read_text())["steps"] == \
+        straight.set_index("run_id").loc[victim, "steps"]
+    starts = [e for e in events if e["event"] == "start" and e["run_id"] == victim]
+    assert len(starts) == 2 and starts[1]["resume"] is True
+
+
+def test_a_run_that_raises_is_recorded_failed_with_its_error_and_the_others_complete(tmp_path: Path) -> None:
+    from loopscale.cli import run_app
+
+    spec = tiny_spec(budgets=[2e9], widths={"2e9": [32]}, max_retries=1)
+    spec["sweep"]["variants"] = {"broken": {"run": {"fail_at_step": 3}, "r": [2]},
+                                 "short": {"run": {"min_steps": 1000}, "r": [2], "optim": {"lr_scale": 0.5}}}
+    spec_path = write_spec(tmp_path / "spec.toml", spec)
+    root = tmp_path / "sw"
+    assert run_app(["sweep", "run", str(spec_path), "--out", str(root), "--no-progress"]) == 1
+    store = SweepStore(root)
+    df, _ = runs_table(store)
+    assert list(df.loc[df["variant"] == "baseline", "status"]) == ["ok", "ok"]
+    by = df.set_index("variant")
+    assert by.loc["broken", "status"] == "failed" and "injected failure at step 3" in by.loc["broken", "error"]
+    assert by.loc["short", "status"] == "failed" and "run.min_steps=1000" in by.loc["short", "error"]
+    broken = "C2e+09_r2_d32_broken_s0"
+    assert store.attempts(broken)["failures"] == 2 and (store.run_dir(broken) / "result.failed-1.json").exists()
+    assert store.attempts("C2e+09_r2_d32_short_s0")["attempts"] == 1  # a user error is not retried
+    n = len(store.events())
+    assert run_app(["sweep", "run", str(root), "--no-progress"]) == 1  # left failed, not retried again
+    assert len(store.events()) == n
+    assert run_app(["sweep", "run", str(root), "--no-progress", "--retry-failed", "--variant", "broken"]) == 1
+    assert store.attempts(broken)["attempts"] == 4
+
+
+def test_isolated_run_goes_through_a_worker_subprocess(tmp_path: Path) -> None:
+    spec = spec_from_dict(tiny_spec(budgets=[2e9], r=[2], widths={"2e9": [32]}))
+    store = prepare(spec, tmp_path / "sw")
+    summary = run_sweep(spec, store, isolate=True, progress=False)
+    rid = spec.runs()[0].run_id
+    assert summary.outcomes == {"done": [rid]}
+    start = next(e for e in store.events() if e["event"] == "start")
+    assert start["pid"] != os.getpid() and start["executor"] == "local-worker"
+    assert (store.run_dir(rid) / "worker.log").exists()
+
+
+def test_debug_slurm_executor_gives_the_same_results_as_the_local_one(finished, tmp_path: Path) -> None:
+    from loopscale.sweep.slurm import SlurmSettings, submit
+
+    _spec, _store, straight = finished
+    spec = spec_from_dict(tiny_spec())
+    runs = [rs for rs in spec.runs() if rs.run_id in ("C2e+09_r2_d32_baseline_s0", "C2e+09_r1_d32_baseline_s0")]
+    store = prepare(spec, tmp_path / "sw")
+    recs = submit(store, runs, dict.fromkeys((rs.run_id for rs in runs), 1e9), SlurmSettings(), max_retries=0,
+                  cluster="debug")
+    assert [store.state(rs.run_id).status for rs in runs] == ["queued", "queued"]
+    assert [job.result() for rec in recs for job in rec["jobs"]] == ["done", "done"]
+    df, _ = runs_table(store)
+    want = straight.set_index("run_id").loc[df["run_id"], "val_loss"].tolist()
+    assert df["val_loss"].tolist() == want
+
+
+def test_a_live_lock_keeps_a_run_busy_and_a_dead_ones_lock_is_taken_over(tmp_path: Path) -> None:
+    from loopscale.sweep.execute import execute_run
+
+    spec = spec_from_dict(tiny_spec(budgets=[4e9], r=[1], widths={"4e9": [32]}))
+    store = prepare(spec, tmp_path / "sw")
+    rid = spec.runs()[0].run_id
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock = store.run_dir(rid) / "lock.json"
+        import socket
+
+        lock.write_text(json.dumps({"pid": other.pid, "host": socket.gethostname()}))
+        assert store.state(rid).status == "running"
+        assert execute_run(store, rid, max_retries=0) == "busy"
+    finally:
+        other.kill()
+        other.wait()
+    assert store.state(rid).status == "planned"  # stale: its process is gone
+    lk = store.try_lock(rid)
+    assert lk is not None and store.try_lock(rid) is None
+    lk.release()
+
+
+def test_gpu_slots_split_the_gpus_into_groups_of_nproc_per_run() -> None:
+    from loopscale.sweep.local import _worker_cmd, gpu_slots
+
+    assert gpu_slots([0, 1, 2, 3], 1) == [{"CUDA_VISIBLE_DEVICES": str(i)} for i in range(4)]
+    assert gpu_slots([0, 1, 2, 3, 4], 2) == [{"CUDA_VISIBLE_DEVICES": "0,1"}, {"CUDA_VISIBLE_DEVICES": "2,3"}]
+    cmd = _worker_cmd(SweepStore("/x"), "rid", 2, nproc=2)
+    assert cmd[1:4] == ["-m", "torch.distributed.run", "--standalone"] and "--nproc-per-node=2" in cmd
+    assert cmd[-5:] == ["run-one", "/x", "rid", "--max-retries", "2"]
+
+
+def test_a_config_change_on_a_started_run_is_refused(finished, tmp_path: Path) -> None:
+    from loopscale.errors import ConfigError
+
+    _spec, store, _df = finished
+    changed = tiny_spec()
+    changed["train"]["optim"]["lr_scale"] = 0.5
+    with pytest.raises(ConfigError, match="trained with a different config"):
+        prepare(spec_from_dict(changed), store.root)
+    assert load_spec(store.root).runs()[0].config.optim.lr_scale == 1.0
+
+
+def test_gpu_slots_run_one_worker_per_gpu_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The multi-GPU scheduler with a stand-in worker (no training): one run per GPU, runs handed out as GPUs free."""
+    from loopscale.sweep import local
+
+    worker = (
+        "import json, os, sys, time; from pathlib import Path\n"
+        "d = Path(sys.argv[1]); (d / 'gpu.txt').write_text(os.environ['CUDA_VISIBLE_DEVICES'])\n"
+        "(d / 'span.json').write_text(json.dumps([time.time(), time.time() + 0.4])); time.sleep(0.4)\n"
+        "(d / 'result.json').write_text(json.dumps({'status': 'ok', 'val_loss': 1.0, 'wall_s': 0.4}))\n"
+    )
+    monkeypatch.setattr(local, "_worker_cmd",
+                        lambda store, rid, retries, nproc: [sys.executable, "-c", worker, str(store.run_dir(rid))])
+    spec = spec_from_dict(tiny_spec())
+    store = prepare(spec, tmp_path / "sw")
+    summary = run_sweep(spec, store, gpus=[0, 1], progress=False)
+    assert summary.count("done") == 8
+    gpus = [(store.run_dir(rs.run_id) / "gpu.txt").read_text() for rs in spec.runs()]
+    assert sorted(set(gpus)) == ["0", "1"]
+    spans = sorted(json.loads((store.run_dir(rs.run_id) / "span.json").read_text()) for rs in spec.runs())
+    overlap = max(sum(a <= t < b for a, b in spans) for t, _ in spans)
+    assert overlap == 2  # never more workers than GPUs

@@ -1,0 +1,148 @@
+"""The SLURM executor without a cluster: a fake sbatch records the arrays; submitit's local executor requeues."""
+
+import copy
+import json
+import os
+import re
+import signal
+import stat
+import time
+from pathlib import Path
+
+import pytest
+import submitit
+
+from conftest import TINY_DATA, TINY_MODEL
+from loopscale.sweep import prepare, spec_from_dict
+from loopscale.sweep.slurm import SlurmSettings, SweepTask, resources, settings_from_spec, submit
+from loopscale.sweep.store import SweepStore
+
+
+def tiny_spec(**sweep) -> dict:
+    model = {k: v for k, v in TINY_MODEL.items() if k != "d_model"}
+    return {
+        "sweep": {"name": "tiny", "budgets": [2e9, 4e9], "r": [1, 2], "widths": {"2e9": [16, 32], "4e9": [16, 32]},
+                  "max_retries": 1, **sweep},
+        "train": {"model": model, "data": copy.deepcopy(TINY_DATA), "optim": {"transfer": False},
+                  "run": {"batch_size": 8, "threads": 1, "val_tokens": 4096, "min_steps": 5, "log_every": 5}},
+        # at 2e6 FLOP/s per GPU these runs take 0.3 h (2e9) and 0.6 h (4e9): the larger budget gets 2 GPUs
+        "slurm": {"partition": "gpu", "gpus_per_run": "auto", "target_hours": 0.4, "flops_per_gpu": 2e6,
+                  "array_parallelism": 3, "setup": ["source venv/bin/activate"]},
+    }
+
+
+def _script(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+@pytest.fixture
+def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """sbatch records each script and answers with a job id; squeue lists the ids in FAKE/alive."""
+    rec = tmp_path / "fake_slurm"
+    bin_dir = rec / "bin"
+    bin_dir.mkdir(parents=True)
+    _script(bin_dir / "sbatch", f"""#!/bin/bash
+n=$(( $(ls {rec}/*.sh 2>/dev/null | wc -l) + 1 ))
+cp "$1" {rec}/sbatch_$n.sh
+echo "Submitted batch job $((1000 + n))"
+""")
+    _script(bin_dir / "squeue", f"#!/bin/bash\ncat {rec}/alive 2>/dev/null\n")
+    _script(bin_dir / "srun", "#!/bin/bash\nexit 0\n")
+    (rec / "alive").write_text("")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return rec
+
+
+def _sbatch_flags(text: str) -> dict[str, str]:
+    return dict(re.findall(r"^#SBATCH --([\w-]+)=?(.*)$", text, flags=re.M))
+
+
+def test_resources_grow_with_the_runs_flops() -> None:
+    s = SlurmSettings(gpus_per_run="auto", flops_per_gpu=1e14, target_hours=10, max_gpus_per_run=8,
+                      mem_gb_per_gpu=80, cpus_per_gpu=12, max_time_min=1440)
+    small, big, huge = resources(1e17, s), resources(1e19, s), resources(1e21, s)
+    assert (small["gpus"], small["time_min"], small["mem_gb"], small["cpus_per_task"]) == (1, 60, 80, 12)
+    assert big["gpus"] == 4 and big["time_min"] == 720 and big["mem_gb"] == 320
+    assert huge["gpus"] == 8 and huge["time_min"] == 1440  # capped: the run is requeued and resumes
+    assert resources(1e17, SlurmSettings(gpus_per_run=0, mem_gb_per_run=16))["gpus"] == 0
+
+
+def test_fake_sbatch_gets_one_throttled_array_per_resource_group_and_only_unfinished_runs_are_resubmitted(
+        fake_slurm: Path, tmp_path: Path) -> None:
+    from loopscale.cli import run_app
+
+    spec = spec_from_dict(tiny_spec())
+    store = prepare(spec, tmp_path / "sw")
+    assert run_app(["sweep", "run", str(store.root), "--executor", "slurm"]) == 0
+    scripts = sorted(fake_slurm.glob("sbatch_*.sh"))
+    assert len(scripts) == 2
+    flags = [_sbatch_flags(p.read_text()) for p in scripts]
+    assert [f["array"] for f in flags] == ["0-3%3", "0-3%3"]
+    assert [f["gpus-per-node"] for f in flags] == ["1", "2"] and [f["ntasks-per-node"] for f in flags] == ["1", "2"]
+    assert [f["mem"] for f in flags] == ["64GB", "128GB"]  # per node
+    assert [f["cpus-per-task"] for f in flags] == ["8", "8"]  # per rank
+    assert [f["time"] for f in flags] == ["60", "60"] and {f["partition"] for f in flags} == {"gpu"}
+    assert {f["signal"] for f in flags} == {"USR2@120"}
+    text = scripts[0].read_text()
+    assert "source venv/bin/activate" in text and "submitit.core._submit" in text
+
+    queued = {rs.run_id: store.state(rs.run_id) for rs in spec.runs()}
+    assert {st.status for st in queued.values()} == {"queued"}
+    first = spec.runs()[0].run_id
+    assert queued[first].lock["job_id"] == "1001_0"
+    pickled = submitit.helpers.DelayedSubmission.load(
+        tmp_path / "sw" / "slurm" / "1001_0" / "1001_0_submitted.pkl")
+    assert isinstance(pickled.function, SweepTask) and pickled.args == (first,)
+
+    # two runs finished, one is still in the queue: a second `sweep run` submits the other five
+    runs = spec.runs()
+    for rs in runs[1:3]:
+        (store.run_dir(rs.run_id) / "result.json").write_text(json.dumps({"status": "ok", "val_loss": 3.0}))
+    (fake_slurm / "alive").write_text(f"{queued[runs[3].run_id].lock['job_id']}\n")
+    assert run_app(["sweep", "run", str(tmp_path / "sw"), "--executor", "slurm"]) == 0
+    again = sorted(fake_slurm.glob("sbatch_*.sh"))[2:]
+    arrays = [_sbatch_flags(p.read_text()).get("array") for p in again]
+    assert arrays == [None, "0-3%3"]  # a group of one run is a plain job
+    assert store.state(runs[3].run_id).lock["job_id"] == queued[runs[3].run_id].lock["job_id"]
+
+
+def test_slurm_settings_come_from_the_spec_and_bad_ones_name_the_field() -> None:
+    from loopscale.errors import ConfigError
+
+    s = settings_from_spec(tiny_spec()["slurm"], "spec.toml")
+    assert s.partition == "gpu" and s.array_parallelism == 3
+    with pytest.raises(ConfigError, match=r"spec\.toml: slurm\.gpus_per_node: unknown key"):
+        settings_from_spec({"gpus_per_node": 2}, "spec.toml")
+
+
+def test_checkpoint_of_an_array_task_resubmits_the_same_run() -> None:
+    task = SweepTask("/sweeps/x", 2)
+    again = task.checkpoint("C1e+12_r4_d64_baseline_s0")
+    assert isinstance(again, submitit.helpers.DelayedSubmission)
+    assert isinstance(again.function, SweepTask) and again.function.sweep_dir == "/sweeps/x"
+    assert again.function.max_retries == 2 and again.args == ("C1e+12_r4_d64_baseline_s0",)
+
+
+def test_preempted_task_checkpoints_is_requeued_and_resumes_to_done(tmp_path: Path) -> None:
+    spec = spec_from_dict(tiny_spec(budgets=[8e9], r=[2], widths={"8e9": [16]}))
+    store = prepare(spec, tmp_path / "sw")
+    rid = spec.runs()[0].run_id
+    (rec,) = submit(store, spec.runs(), {rid: 1e9}, SlurmSettings(max_requeues=3), max_retries=0, cluster="local",
+                    parameters={"timeout_min": 10})
+    job = rec["jobs"][0]
+    run_dir = store.run_dir(rid)
+    t0 = time.time()
+    while not (run_dir / "metrics.jsonl").exists():  # training has started: preempt it (SLURM's USR2)
+        assert job.state == "RUNNING" and time.time() - t0 < 120, job.stderr()
+        time.sleep(0.05)
+    pid = json.loads((run_dir / "lock.json").read_text())["pid"]
+    os.kill(pid, signal.SIGUSR2)
+    assert job.result() == "done", job.stderr()
+    events = [e["event"] for e in SweepStore(store.root).events() if e["run_id"] == rid]
+    assert events == ["start", "interrupted", "start", "done"]
+    starts = [e for e in store.events() if e["event"] == "start"]
+    assert starts[1]["resume"] is True and starts[0]["pid"] != starts[1]["pid"]
+    res = json.loads((run_dir / "result.json").read_text())
+    assert res["status"] == "ok" and res["steps"] == spec.runs()[0].config.total_steps()
+    assert "Caught signal SIGUSR2" in job.stderr()  # submitit's handler requeued the task after our checkpoint

@@ -1,0 +1,217 @@
+"""Sweep specs and the planner: presets, run ids, shared r = 1 runs, variants, width rules, one-line errors."""
+
+import copy
+import math
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY_DATA, TINY_MODEL
+from loopscale import accounting, grids
+from loopscale.errors import ConfigError
+from loopscale.sweep import load_spec, make_plan, prepare, spec_from_dict
+from loopscale.sweep.calibrate import Calibration
+
+
+def tiny_spec(**sweep) -> dict:
+    model = {k: v for k, v in TINY_MODEL.items() if k != "d_model"}
+    spec = {
+        "sweep": {"name": "tiny", "budgets": [4e9, 8e9], "r": [1, 2], "widths": {"4e9": [16, 32], "8e9": [16, 32]},
+                  **sweep},
+        "train": {"model": model, "data": copy.deepcopy(TINY_DATA), "optim": {"transfer": False},
+                  "run": {"batch_size": 8, "threads": 1, "val_tokens": 4096, "min_steps": 5, "log_every": 5}},
+    }
+    return spec
+
+
+def test_paper_preset_plans_116_runs_per_recipe_plus_the_probes_looped_runs() -> None:
+    spec = load_spec("paper")
+    runs = spec.runs()
+    base = [rs for rs in runs if rs.variant == "baseline"]
+    assert len(base) == 116 and len(runs) == 116 + 2 * 87
+    assert sorted((rs.C, rs.d_model // 64, rs.r) for rs in base) == sorted(grids.paper_grid())
+    assert {rs.variant for rs in runs if rs.r == 1} == {"baseline"}  # the probes reuse the r = 1 runs
+    m = base[0].config.model
+    assert (m.head_dim, m.L_eff, m.n_prelude, m.n_coda, m.seq_len, m.vocab_size) == (128, 20, 2, 2, 2048, 32064)
+    run = base[0].config.run
+    assert run.batch_size * m.seq_len == 2**18 and run.dtype == "bfloat16" and base[0].config.optim.name == "muonh"
+    plan = make_plan(spec, flops_per_s=3e14)
+    assert not plan.n_warnings and plan.by_variant() == {"baseline": 116, "truncated_bptt": 87, "hyperconnect": 87}
+
+
+def test_demo_preset_is_a_cpu_grid_that_plans_without_refused_runs() -> None:
+    spec = load_spec("demo")
+    assert spec.r == [1, 2, 4, 8] and len(spec.budgets) >= 3
+    m = spec.runs()[0].config.model
+    assert (m.head_dim, m.L_eff, m.n_prelude, m.n_coda) == (16, 12, 2, 2) and m.seq_len <= 256
+    assert all(3 <= len(spec.widths[(c, 1)]) <= 4 for c in spec.budgets)
+    plan = make_plan(spec)
+    assert not any(w.startswith("refused") for r in plan.rows for w in r.warnings)
+    assert 1e13 < plan.total_flops < 1e14
+
+
+def test_run_ids_are_stable_and_readable() -> None:
+    spec = spec_from_dict(tiny_spec(seeds=[0, 3]))
+    ids = [rs.run_id for rs in spec.runs()]
+    assert ids[:2] == ["C4e+09_r1_d16_baseline_s0", "C4e+09_r1_d16_baseline_s3"]
+    assert len(ids) == 2 * 2 * 2 * 2 == len(set(ids))
+    assert ids == [rs.run_id for rs in spec_from_dict(tiny_spec(seeds=[0, 3])).runs()]
+
+
+def test_plan_accounting_equals_the_accounting_module() -> None:
+    spec = spec_from_dict(tiny_spec())
+    for row in make_plan(spec).rows:
+        m = row.run.config.model
+        assert (m.r, m.width, m.seq_len) == (row.run.r, row.run.d_model, 64)
+        assert row.N_once == accounting.N_once(m) and row.N_rec == accounting.N_rec(m)
+        assert row.steps == accounting.steps_for_budget(m, row.run.C, 8 * 64)
+        assert row.flops == row.steps * 8 * 64 * accounting.train_flops_per_token(m)
+
+
+def test_r1_runs_are_shared_across_variants_and_bptt_half_is_ceil_r_over_2() -> None:
+    spec = tiny_spec(r=[1, 2, 4], widths={"4e9": [16], "8e9": [16]})
+    spec["train"]["model"]["L_eff"] = 6  # 1 + 4 + 1: r in {1, 2, 4}
+    spec["sweep"]["variants"] = {"tbptt": {"model": {"bptt_k": "half"}},
+                                 "hc": {"model": {"injection": "hyperconnect"}, "r": [4]},
+                                 "own": {"optim": {"lr_scale": 0.5}, "r1": "own"}}
+    runs = spec_from_dict(spec).runs()
+    by = {(rs.variant, rs.C, rs.r): rs for rs in runs}
+    assert {v for v, _c, r in by if r == 1} == {"baseline", "own"}
+    assert by[("tbptt", 4e9, 2)].config.model.bptt_k == 1 and by[("tbptt", 4e9, 4)].config.model.bptt_k == 2
+    assert by[("baseline", 4e9, 4)].config.model.bptt_k is None
+    assert [r for v, c, r in by if v == "hc" and c == 4e9] == [4]
+    assert by[("own", 4e9, 1)].config.optim.lr_scale == 0.5
+    only = spec_from_dict(spec).runs(["tbptt"])
+    assert {(rs.variant, rs.r) for rs in only} == {("baseline", 1), ("tbptt", 2), ("tbptt", 4)}
+
+
+def test_seeds_set_run_seed_and_with_seed_data_also_data_seed() -> None:
+    runs = spec_from_dict(tiny_spec(seeds=[0, 7])).runs()
+    assert {(rs.seed, rs.config.run.seed, rs.config.data.seed) for rs in runs} == {(0, 0, 0), (7, 7, 0)}
+    runs = spec_from_dict(tiny_spec(seeds=[0, 7], seed_data=True)).runs()
+    assert {(rs.seed, rs.config.run.seed, rs.config.data.seed) for rs in runs} == {(0, 0, 0), (7, 7, 7)}
+
+
+def test_width_rule_around_optimum_gives_k_head_multiples_around_the_paper_laws_optimum() -> None:
+    from loopscale.fit import JointLaw, law_frontier
+    from loopscale.fit.paper import PAPER_COEFFICIENTS
+
+    data = load_spec("paper").raw
+    data["sweep"]["widths"] = {"rule": "around_optimum", "k": 4, "unit": "s", "step": 2}
+    data["sweep"].pop("variants")
+    spec = spec_from_dict(data)
+    theta = JointLaw.from_params(**PAPER_COEFFICIENTS).theta_
+    template = spec.runs()[0].config.model.model_dump(exclude={"d_model", "s", "r"})
+    for c in spec.budgets:
+        ds = spec.widths[(c, 1)]
+        assert len(ds) == 4 and all(d % 128 == 0 for d in ds) and all(spec.widths[(c, r)] == ds for r in spec.r)
+        centre = math.exp(sum(math.log(law_frontier(theta, template, [c], r)["d"][0]) for r in spec.r) / 4)
+        assert ds[0] < centre < ds[-1]
+    assert "widths resolved from the rule" in spec.resolved_text()
+
+
+def test_resolved_spec_in_the_sweep_dir_reloads_to_the_same_runs(tmp_path: Path) -> None:
+    spec = spec_from_dict(tiny_spec(widths={"4e9": {"r1": [16], "r2": [16, 32]}, "8e9": [16, 32]}))
+    store = prepare(spec, tmp_path / "sw")
+    again = load_spec(store.root)
+    assert [(rs.run_id, rs.config) for rs in again.runs()] == [(rs.run_id, rs.config) for rs in spec.runs()]
+    assert [rs.run_id for rs in store.planned()] == [rs.run_id for rs in spec.runs()]
+
+
+def _with(path: str, value, **extra) -> dict:
+    spec = tiny_spec(**extra)
+    node = spec
+    keys = path.split(".")
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+    node[keys[-1]] = value
+    return spec
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        (_with("sweep.budgets", []), r"sweep\.budgets: is empty"),
+        (_with("sweep.r", []), r"sweep\.r: is empty"),
+        (_with("sweep.widths", {"4e9": [], "8e9": [16]}), r"sweep\.widths\.4e9: is empty"),
+        (_with("sweep.widths", {"4e9": [24], "8e9": [16]}), r"width d_model=24 does not divide into heads of "
+         r"head_dim=16"),
+        (_with("sweep.widths", {"4e9": [16, 16], "8e9": [16]}), r"sweep\.widths\.4e9: duplicate width"),
+        (_with("sweep.budgets", [4e9, 4e9]), r"sweep\.budgets: duplicate value"),
+        (_with("sweep.widths", {"4e9": [16]}), r"sweep\.widths\.8e\+09: missing"),
+        (_with("sweep.widths", {"4e9": [16], "8e9": [16], "1e9": [16]}), r"sweep\.widths\.1e9: not one of"),
+        (_with("sweep.r", [1, 3]), r"sweep\.r: must divide the recurrent depth"),
+        (_with("sweep.epochs", 3), r"sweep\.epochs: unknown key"),
+        (_with("train.run.steps", 100), r"train\.run\.steps: is set by the sweep"),
+        (_with("train.model.d_model", 64), r"train\.model\.d_model: is set by the sweep"),
+        (_with("sweep.variants", {"baseline": {}}), r"'baseline' is the implicit recipe"),
+        (_with("sweep.variants", {"same": {"r1": "own"}}), r"duplicate runs: C4e\+09_r1_d16_same_s0 trains the "
+         r"same config as C4e\+09_r1_d16_baseline_s0"),
+        (_with("sweep.variants", {"x": {"model": {"bptt_k": 5}}}), r"\[run C4e\+09_r2_d16_x_s0\]: model\.bptt_k: "
+         r"must be at most r=2"),
+        (_with("train.model.head_dim", 0), r"bad\.toml: train\.model\.head_dim: .*greater than 0"),
+        (_with("train.optim.momentum", 2), r"bad\.toml: train\.optim\.momentum: "),
+    ],
+)
+def test_invalid_specs_give_one_line_errors_naming_the_field(spec: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match) as info:
+        spec_from_dict(spec, source="bad.toml")
+    assert "\n" not in str(info.value) and str(info.value).startswith("bad.toml")
+
+
+def test_cli_plan_error_is_one_line_without_traceback(tmp_path: Path) -> None:
+    from loopscale.cli import run_app
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[sweep]\nname = "x"\nbudgets = []\nr = [1]\n[sweep.widths]\n')
+    assert run_app(["sweep", "plan", str(bad), "--no-calibrate"]) == 2
+
+
+def test_plan_warns_about_refused_short_runs_and_tokens_per_param() -> None:
+    spec = tiny_spec(checks={"max_tokens_per_param": 2.0})
+    spec["train"]["run"]["min_steps"] = 30
+    rows = {r.run.run_id: r for r in make_plan(spec_from_dict(spec)).rows}
+    short = rows["C4e+09_r1_d32_baseline_s0"]
+    assert short.steps < 30 and short.warnings[0].startswith("refused: 12 steps < run.min_steps=30")
+    assert any("tokens/param" in w and "too long" in w for w in rows["C8e+09_r2_d16_baseline_s0"].warnings)
+
+
+def test_calibration_times_each_shape_once_and_is_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from loopscale.sweep import calibrate
+
+    calls = []
+    real = calibrate.measure
+
+    def counting(cfg, rows, **kw):
+        calls.append((cfg.model.r, cfg.model.width))
+        return real(cfg, rows, steps=1)
+
+    monkeypatch.setattr(calibrate, "measure", counting)
+    spec = spec_from_dict(tiny_spec())
+    plan = make_plan(spec, calibration=Calibration(tmp_path / "calibration.json"))
+    assert sorted(calls) == [(1, 16), (1, 32), (2, 16), (2, 32)]
+    assert all(r.est_s > 0 and r.est_kind == "measured" for r in plan.rows) and plan.total_s > 0
+    make_plan(spec, calibration=Calibration(tmp_path / "calibration.json"))
+    assert len(calls) == 4
+
+
+def test_width_rule_can_centre_on_a_fit_file(tmp_path: Path) -> None:
+    from loopscale.fit import FitSettings, fit_runs, load_runs, synthetic_runs, write_fit
+
+    synthetic_runs(sigma=0.002).to_csv(tmp_path / "runs.csv", index=False)
+    fit = fit_runs(load_runs(tmp_path / "runs.csv"), FitSettings(restarts=40, bootstrap=0, restricted=(),
+                                                                per_r=False, checks=False))
+    write_fit(tmp_path / "fit.json", fit)
+    data = load_spec("paper").raw
+    data["sweep"].pop("variants")
+    rule = {"rule": "around_optimum", "k": 3, "unit": "s", "step": 2}
+    data["sweep"]["widths"] = {**rule, "coefficients": "fit.json"}
+    from_fit = spec_from_dict(data, base_dir=tmp_path)
+    data["sweep"]["widths"] = rule
+    from_paper = spec_from_dict(data)
+    shift = [abs(a - b) for c in from_fit.budgets
+             for a, b in zip(from_fit.widths[(c, 1)], from_paper.widths[(c, 1)], strict=True)]
+    assert max(shift) <= 128  # the fitted law is the paper's law up to noise: at most one step apart
+    data["sweep"]["widths"] = {**rule, "coefficients": "missing.json"}
+    with pytest.raises(ConfigError, match=r"sweep\.widths\.coefficients: expected 'paper' or a fit file"):
+        spec_from_dict(data, base_dir=tmp_path)
