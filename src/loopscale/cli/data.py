@@ -42,6 +42,11 @@ def describe(
 ) -> None:
     """Build the data a config describes and print its documents, tokens, shares and entropy."""
     cfg = _load(config, set_)
+    if cfg.source != "default":
+        from loopscale.errors import ConfigError
+
+        raise ConfigError("data.source", "describe covers the embedded mixture ('default') only so far",
+                          value=cfg.source)
     from loopscale.data.mixture import build_default
 
     t0 = time.perf_counter()
