@@ -57,8 +57,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--steps", type=int, default=4, help="steps per timed repeat")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    ap.add_argument("--compile", action="store_true", help="also time per-block torch.compile of both models")
     args = ap.parse_args()
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
     torch.manual_seed(0)
     print(f"hardware: {hardware()}")
     results = []
@@ -71,6 +73,18 @@ def main() -> None:
             cfg = ModelConfig(d_model=d, head_dim=args.head_dim, L_eff=args.L_eff, r=r, seq_len=args.seq_len,
                               vocab_size=args.vocab)
             models[f"r={r}"] = LoopedLM(cfg)
+        if args.compile:
+            plain_c = PlainGPT(args.vocab, d, args.L_eff, args.head_dim, args.seq_len)
+            for b in plain_c.blocks:
+                b.compile()
+            models["plain+c"] = plain_c
+            for r in (1, 8):
+                cfg = ModelConfig(d_model=d, head_dim=args.head_dim, L_eff=args.L_eff, r=r, seq_len=args.seq_len,
+                                  vocab_size=args.vocab)
+                m = LoopedLM(cfg)
+                for b in m.blocks():
+                    b.compile()
+                models[f"r={r}+c"] = m
         steps = {k: step_fn(m, x) for k, m in models.items()}
         for s in steps.values():  # warm-up
             s()
@@ -87,9 +101,10 @@ def main() -> None:
         print(f"\nd_model={d}  L_eff={args.L_eff}  T={args.seq_len}  batch={args.batch}  head_dim={args.head_dim}")
         print(f"{'model':>8} {'ms/step':>9} {'tokens/s':>10} {'step / r=1':>11} {'r=1 speed / plain':>18}")
         for k, t in med.items():
-            rel = t / med["r=1"]
-            vs_plain = med["plain"] / med["r=1"] if k == "r=1" else float("nan")
-            extra = f"{vs_plain:18.2f}" if k == "r=1" else ""
+            rel = t / med["r=1+c" if k.endswith("+c") and "r=1+c" in med else "r=1"]
+            base = "plain+c" if k.endswith("+c") else "plain"
+            vs_plain = med[base] / t if k.startswith("r=1") else float("nan")
+            extra = f"{vs_plain:18.2f}" if k.startswith("r=1") else ""
             print(f"{k:>8} {t * 1e3:9.1f} {tok / t:10.0f} {rel:11.3f} {extra}")
             results.append({"d_model": d, "model": k, "ms_per_step": t * 1e3, "tokens_per_s": tok / t,
                             "step_ratio_to_r1": rel})

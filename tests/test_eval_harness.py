@@ -26,16 +26,6 @@ TOK = ByteTokenizer()
 R_EVAL = 3  # test-time recurrence, != the training r = 2
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models at T = 1 (generation) are op-overhead bound: one thread beats two, and leaves the
-    other core to whatever else runs."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run dir as the trainer leaves it (config.toml + model.safetensors) with a random model whose

@@ -22,16 +22,6 @@ TOK = ByteTokenizer()
 V = TOK.vocab_size
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models at T = 1 (generation) are op-overhead bound: one thread beats two, and leaves the
-    other core to whatever else runs."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 class BigramLM(torch.nn.Module):
     """A toy LM whose next-token logits depend on the current token only: logits[t] = table[idx[t]].
 

@@ -23,16 +23,6 @@ BENCH_DIR = Path(__file__).parent / "data" / "benchmarks"
 DATA = validate(DataConfig, TINY_DATA, prefix="data")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models at T = 1 (generation) are op-overhead bound: one thread beats two, and leaves the
-    other core to whatever else runs."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def model() -> LoopedLM:
     torch.manual_seed(0)

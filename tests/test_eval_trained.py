@@ -7,7 +7,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 from loopscale.cli import run_app
 from loopscale.errors import ConfigError
@@ -26,16 +25,6 @@ KNOWLEDGE_RUN = [
     "optim.transfer=false",
 ]
 FAST = ["bio_qa,bio_qa_unseen,dyck"]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models at T = 1 (generation) are op-overhead bound: one thread beats two, and leaves the
-    other core to whatever else runs."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from loopscale.errors import ConfigError
+from loopscale.io import atomic_write_text
 
 FORMAT = "loopscale.fit"
 VERSION = 1
@@ -46,24 +45,7 @@ def write_fit(path: str | Path, fit: dict[str, Any]) -> Path:
     p.parent.mkdir(parents=True, exist_ok=True)
     doc = {"format": FORMAT, "version": VERSION, **_clean(fit)}
     text = json.dumps(doc, indent=1, allow_nan=False)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    try:  # make the rename itself durable
-        dfd = os.open(p.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
+    atomic_write_text(p, text)  # loopscale.io imports no torch at module level
     return p
 
 
