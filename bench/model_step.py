@@ -1,10 +1,12 @@
-"""Forward+backward throughput of the looped model vs r = 1 and vs a plain PyTorch GPT.
+"""Forward+backward throughput of the looped model vs r = 1 and vs two plain PyTorch GPTs.
 
     python bench/model_step.py [--widths 64 128] [--seq-len 256] [--batch 8] [--repeats 5]
 
 Every model is timed in the same process, interleaved round-robin, median of repeats, so the
 ratios are measured side by side. Prints tokens/s, the ratio of each r to r = 1 (targets: r = 8
-within 1.10x of r = 1's step time) and of loopscale r = 1 to the plain GPT (target >= 1.0x).
+within 1.10x of r = 1's step time) and of loopscale r = 1 to the plain GPT (target >= 1.0x): "plain" is
+nanoGPT's block (LayerNorm, GELU, learned positions), "paper" the paper's block (RMSNorm, RoPE, QK-norm,
+squared ReLU, softcap) written straightforwardly without loop machinery — the same mathematics as r = 1.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loopscale.config import ModelConfig
 from loopscale.model import LoopedLM
-from plain_gpt import PlainGPT
+from plain_gpt import PlainGPT, PlainPaperGPT
 
 
 def hardware() -> str:
@@ -67,7 +69,8 @@ def main() -> None:
     for d in args.widths:
         x = torch.randint(0, args.vocab, (args.batch, args.seq_len))
         models: dict[str, torch.nn.Module] = {
-            "plain": PlainGPT(args.vocab, d, args.L_eff, args.head_dim, args.seq_len)
+            "plain": PlainGPT(args.vocab, d, args.L_eff, args.head_dim, args.seq_len),
+            "paper": PlainPaperGPT(args.vocab, d, args.L_eff, args.head_dim, args.seq_len),
         }
         for r in (1, 2, 4, 8):
             cfg = ModelConfig(d_model=d, head_dim=args.head_dim, L_eff=args.L_eff, r=r, seq_len=args.seq_len,
@@ -99,12 +102,15 @@ def main() -> None:
         med = {k: statistics.median(v) for k, v in times.items()}
         tok = args.batch * args.seq_len
         print(f"\nd_model={d}  L_eff={args.L_eff}  T={args.seq_len}  batch={args.batch}  head_dim={args.head_dim}")
-        print(f"{'model':>8} {'ms/step':>9} {'tokens/s':>10} {'step / r=1':>11} {'r=1 speed / plain':>18}")
+        print(f"{'model':>8} {'ms/step':>9} {'tokens/s':>10} {'step / r=1':>11} {'r=1 speed / plain':>18}"
+              f" {'r=1 speed / paper':>18}")
         for k, t in med.items():
             rel = t / med["r=1+c" if k.endswith("+c") and "r=1+c" in med else "r=1"]
             base = "plain+c" if k.endswith("+c") else "plain"
             vs_plain = med[base] / t if k.startswith("r=1") else float("nan")
             extra = f"{vs_plain:18.2f}" if k.startswith("r=1") else ""
+            if k == "r=1":
+                extra += f" {med['paper'] / t:18.2f}"
             print(f"{k:>8} {t * 1e3:9.1f} {tok / t:10.0f} {rel:11.3f} {extra}")
             results.append({"d_model": d, "model": k, "ms_per_step": t * 1e3, "tokens_per_s": tok / t,
                             "step_ratio_to_r1": rel})

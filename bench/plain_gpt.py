@@ -46,3 +46,52 @@ class PlainGPT(nn.Module):
             x = b(x)
         logits = self.head(self.ln_f(x)).float()
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def _rope(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    T, hd = x.size(-2), x.size(-1)
+    inv = 1.0 / (base ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+    freqs = torch.outer(torch.arange(T, dtype=torch.float32), inv)
+    cos, sin = freqs.cos(), freqs.sin()
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class PaperBlock(nn.Module):
+    """The paper's block (RMSNorm, RoPE then QK-norm, squared ReLU), written the straightforward way."""
+
+    def __init__(self, d: int, n_head: int) -> None:
+        super().__init__()
+        self.n_head = n_head
+        self.n1, self.n2 = nn.RMSNorm(d, eps=1e-6), nn.RMSNorm(d, eps=1e-6)
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d, bias=False) for _ in range(4))
+        self.fc, self.proj = nn.Linear(d, 4 * d, bias=False), nn.Linear(4 * d, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        h = self.n1(x)
+        q, k, v = (lin(h).view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for lin in (self.q, self.k, self.v))
+        q = F.rms_norm(_rope(q), (q.size(-1),), eps=1e-6)
+        k = F.rms_norm(_rope(k), (k.size(-1),), eps=1e-6)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(y.transpose(1, 2).reshape(B, T, C))
+        return x + self.proj(F.relu(self.fc(self.n2(x))).square())
+
+
+class PlainPaperGPT(nn.Module):
+    """A non-looped GPT with the paper's block and model-level norms, no loop machinery: the
+    same mathematics as loopscale's r = 1, written plainly."""
+
+    def __init__(self, vocab: int, d: int, n_layer: int, head_dim: int, seq_len: int) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        self.n_emb, self.n_f = nn.RMSNorm(d, eps=1e-6), nn.RMSNorm(d, eps=1e-6)
+        self.blocks = nn.ModuleList(PaperBlock(d, d // head_dim) for _ in range(n_layer))
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.n_emb(self.wte(idx))
+        for b in self.blocks:
+            x = b(x)
+        logits = 15 * torch.tanh(self.head(self.n_f(x)).float() / 15)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
