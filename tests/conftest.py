@@ -23,3 +23,17 @@ TINY_MODEL = {"d_model": 32, "head_dim": 16, "L_eff": 6, "n_prelude": 1, "n_coda
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+def tiny_sweep_spec(run: dict | None = None, **sweep) -> dict:
+    """2 budgets x 2 r x 2 widths of a 1 + 4 + 1 model at T = 64: 6-36 steps per run."""
+    import copy
+
+    model = {k: v for k, v in TINY_MODEL.items() if k != "d_model"}
+    return {
+        "sweep": {"name": "tiny", "budgets": [2e9, 4e9], "r": [1, 2], "widths": {"2e9": [16, 32], "4e9": [16, 32]},
+                  "max_retries": 1, **sweep},
+        "train": {"model": model, "data": copy.deepcopy(TINY_DATA), "optim": {"transfer": False},
+                  "run": {"batch_size": 8, "threads": 1, "val_tokens": 4096, "min_steps": 5, "log_every": 10,
+                          **(run or {})}},
+    }

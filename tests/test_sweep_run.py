@@ -1,6 +1,5 @@
 """Running sweeps: a correct runs table, idempotent reruns, SIGKILL and restart, failures, locks, executors."""
 
-import copy
 import json
 import os
 import signal
@@ -13,22 +12,14 @@ import pandas as pd
 import pytest
 import tomli_w
 
-from conftest import TINY_DATA, TINY_MODEL
+from conftest import tiny_sweep_spec
 from loopscale import accounting
 from loopscale.sweep import COLUMNS, load_spec, prepare, run_sweep, runs_table, spec_from_dict, write_table
 from loopscale.sweep.store import SweepStore
 
 
 def tiny_spec(**sweep) -> dict:
-    """2 budgets x 2 r x 2 widths of a 1 + 4 + 1 model at T = 64: 6-36 steps per run."""
-    model = {k: v for k, v in TINY_MODEL.items() if k != "d_model"}
-    return {
-        "sweep": {"name": "tiny", "budgets": [2e9, 4e9], "r": [1, 2], "widths": {"2e9": [16, 32], "4e9": [16, 32]},
-                  "max_retries": 1, **sweep},
-        "train": {"model": model, "data": copy.deepcopy(TINY_DATA), "optim": {"transfer": False},
-                  "run": {"batch_size": 8, "threads": 1, "val_tokens": 4096, "min_steps": 5, "log_every": 10,
-                          "ckpt_every": 0}},
-    }
+    return tiny_sweep_spec({"ckpt_every": 0}, **sweep)
 
 
 def write_spec(path: Path, spec: dict) -> Path:

@@ -1,6 +1,5 @@
 """The SLURM executor without a cluster: a fake sbatch records the arrays; submitit's local executor requeues."""
 
-import copy
 import json
 import os
 import re
@@ -12,19 +11,15 @@ from pathlib import Path
 import pytest
 import submitit
 
-from conftest import TINY_DATA, TINY_MODEL
+from conftest import tiny_sweep_spec
 from loopscale.sweep import prepare, spec_from_dict
 from loopscale.sweep.slurm import SlurmSettings, SweepTask, resources, settings_from_spec, submit
 from loopscale.sweep.store import SweepStore
 
 
 def tiny_spec(**sweep) -> dict:
-    model = {k: v for k, v in TINY_MODEL.items() if k != "d_model"}
     return {
-        "sweep": {"name": "tiny", "budgets": [2e9, 4e9], "r": [1, 2], "widths": {"2e9": [16, 32], "4e9": [16, 32]},
-                  "max_retries": 1, **sweep},
-        "train": {"model": model, "data": copy.deepcopy(TINY_DATA), "optim": {"transfer": False},
-                  "run": {"batch_size": 8, "threads": 1, "val_tokens": 4096, "min_steps": 5, "log_every": 5}},
+        **tiny_sweep_spec({"log_every": 5}, **sweep),
         # at 2e6 FLOP/s per GPU these runs take 0.3 h (2e9) and 0.6 h (4e9): the larger budget gets 2 GPUs
         "slurm": {"partition": "gpu", "gpus_per_run": "auto", "target_hours": 0.4, "flops_per_gpu": 2e6,
                   "array_parallelism": 3, "setup": ["source venv/bin/activate"]},
