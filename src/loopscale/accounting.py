@@ -18,7 +18,6 @@ Conventions (the paper's):
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -198,12 +197,3 @@ def account(cfg: ModelConfig, budget: float | None = None,
         steps=steps,
     )
 
-
-def quality_equivalent_N(n_once: float, n_rec: float, r: float, phi: float) -> float:
-    """N_eq = N_once + r^phi N_rec: the non-looped size with the same loss."""
-    return n_once + math.pow(r, phi) * n_rec
-
-
-def cost_equivalent_N(n_once: float, n_rec: float, r: float) -> float:
-    """N_once + r N_rec: the non-looped size with the same training FLOPs."""
-    return n_once + r * n_rec

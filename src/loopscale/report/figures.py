@@ -898,16 +898,22 @@ def tt_budget(sc: pd.DataFrame) -> float | None:
     return float(tt["C"].max())
 
 
-@styled
-def fig_test_time(ctx: ReportContext) -> Figure | None:
-    """Loss vs the number of recurrences run at test time, per trained r (one panel per axis + mean)."""
+def tt_scores(ctx: ReportContext) -> pd.DataFrame | None:
+    """The axis scores with test-time recurrence points, at the budget the report shows them for."""
     sc = axes_scores(ctx, test_time=True)
     if sc.empty:
         return None
     c = tt_budget(sc)
-    if c is None:
+    return None if c is None else sc[sc["C"] == c]
+
+
+@styled
+def fig_test_time(ctx: ReportContext) -> Figure | None:
+    """Loss vs the number of recurrences run at test time, per trained r (one panel per axis + mean)."""
+    sc = tt_scores(ctx)
+    if sc is None:
         return None
-    sc = sc[sc["C"] == c]
+    c = float(sc["C"].iloc[0])
     pal = ctx.palette
     names = axis_order(sc["axis"])
     mean = sc.groupby(["r", "r_eval"], as_index=False)["loss"].mean().assign(axis="mean of the axes")

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from loopscale.report.context import ReportContext
-from loopscale.report.figures import AXIS_TITLES, axes_scores, axis_order, equivalence_ratios, tt_budget
+from loopscale.report.figures import AXIS_TITLES, axes_scores, axis_order, equivalence_ratios, tt_scores
 from loopscale.report.honesty import delta_phi_reading
 from loopscale.report.style import fmt_count, fmt_flops
 
@@ -329,13 +329,10 @@ def axes_table(ctx: ReportContext) -> Table | None:
 
 
 def test_time_table(ctx: ReportContext) -> Table | None:
-    sc = axes_scores(ctx, test_time=True)
-    if sc.empty:
+    sc = tt_scores(ctx)
+    if sc is None:
         return None
-    c = tt_budget(sc)
-    if c is None:
-        return None
-    sc = sc[sc["C"] == c]
+    c = float(sc["C"].iloc[0])
     mean = sc.groupby(["r", "r_eval"])["loss"].mean()
     r_evals = sorted(sc["r_eval"].unique())
     rows = []
