@@ -95,3 +95,43 @@ class PlainPaperGPT(nn.Module):
             x = b(x)
         logits = 15 * torch.tanh(self.head(self.n_f(x)).float() / 15)
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+
+
+class PlainMuonH(torch.optim.Optimizer):
+    """MuonH written the way reference Muon code is: one matrix at a time, no batching, fp32.
+
+    The speed reference for loopscale's optimiser (same update rule as ``loopscale.optim.MuonH``).
+    """
+
+    def __init__(self, params, lr: float = 0.014, momentum: float = 0.95) -> None:
+        super().__init__(params, {"lr": lr, "momentum": momentum})
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["rho"] = p.detach().norm()
+                self.state[p]["buf"] = torch.zeros_like(p)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.param_groups:
+            mu, lr = group["momentum"], group["lr"]
+            for p in group["params"]:
+                st = self.state[p]
+                st["buf"].lerp_(p.grad, 1 - mu)
+                u = p.grad.lerp(st["buf"], mu)
+                x = u.T if u.size(0) > u.size(1) else u
+                x = x / (x.norm() + 1e-7)
+                for _ in range(5):
+                    a = x @ x.T
+                    x = 3.4445 * x + (-4.7750 * a + 2.0315 * a @ a) @ x
+                o = x.T if u.size(0) > u.size(1) else x
+                w = p - lr * st["rho"] * o / o.norm()
+                p.copy_(w * (st["rho"] / w.norm()))
+
+
+def plain_optimizer(model: nn.Module, name: str) -> list[torch.optim.Optimizer]:
+    """AdamW for everything, or PlainMuonH for the blocks' matrices plus AdamW for the rest."""
+    if name == "adamw":
+        return [torch.optim.AdamW(model.parameters(), lr=1e-3)]
+    mats = [p for n, p in model.named_parameters() if p.ndim == 2 and n.startswith("blocks.")]
+    rest = [p for n, p in model.named_parameters() if not (p.ndim == 2 and n.startswith("blocks."))]
+    return [PlainMuonH(mats), torch.optim.AdamW(rest, lr=1e-3)]

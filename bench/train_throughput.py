@@ -1,11 +1,20 @@
 """Training-step throughput: tokens/s and achieved FLOP/s per r, width, dtype and compile mode,
-and the ratio to a plain PyTorch GPT training loop (AdamW) of the same shape.
+and the ratio to plain PyTorch GPT training loops of the same shape.
 
     python bench/train_throughput.py [--widths 64 128] [--dtypes float32 bfloat16] [--compile]
 
-A step is what the trainer does: forward, backward, optimiser step (MuonH + AdamW groups), zero_grad.
-All variants run in one process, interleaved, median of repeats. FLOP/s uses the accounting's F.
-On a CUDA machine it also prints MFU against the device's dense bf16 peak and peak memory per r.
+A step is what the trainer does: forward, backward, optimiser step, zero_grad. Three plain references
+(bench/plain_gpt.py), each an ordinary PyTorch loop:
+
+    nanoGPT adamw      nanoGPT's block (LayerNorm, GELU, learned positions) + torch AdamW
+    paper-plain adamw  the paper's block written plainly + torch AdamW
+    paper-plain muonh  the paper's block written plainly + MuonH one matrix at a time (+ AdamW rest)
+
+loopscale runs with MuonH (its default, ``r=k``) and with plain AdamW (``r=1 ... adamw``). "vs same"
+is the speed ratio to the paper-plain loop with the same optimiser (the engineering overhead of
+loopscale); "vs nanoGPT" also contains the cost of the paper's architecture. All variants run in one
+process, interleaved, median of repeats. FLOP/s uses the accounting's F. On a CUDA machine it also
+prints MFU against the device's dense bf16 peak and peak memory per r.
 """
 
 from __future__ import annotations
@@ -26,20 +35,21 @@ from loopscale.model import LoopedLM
 from loopscale.optim import OptimConfig, build_optimizers
 from loopscale.train.hardware import autocast, peak_flops
 from model_step import hardware
-from plain_gpt import PlainGPT
+from plain_gpt import PlainGPT, PlainPaperGPT, plain_optimizer
 
 
-def make_step(model, opt, x, device, dtype):
+def make_step(model, opts, x, device, dtype):
     def step() -> None:
         with autocast(device, dtype):
-            logits = model(x[:, :-1]) if isinstance(model, LoopedLM) else None
-            if logits is not None:
+            if isinstance(model, LoopedLM):
+                logits = model(x[:, :-1])
                 loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1))
             else:
                 loss = model.loss(x[:, :-1], x[:, 1:])
         loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        for opt in opts:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
 
     return step
 
@@ -69,21 +79,24 @@ def main() -> None:
         x = torch.randint(0, args.vocab, (args.batch, args.seq_len + 1), device=device)
         variants: dict[str, tuple] = {}
         for dtype in args.dtypes:
-            plain = PlainGPT(args.vocab, d, args.L_eff, args.head_dim, args.seq_len).to(device)
-            popt = torch.optim.AdamW(plain.parameters(), lr=1e-3)
-            variants[f"plain {dtype}"] = (make_step(plain, popt, x, device, dtype), None)
+            shape = (args.vocab, d, args.L_eff, args.head_dim, args.seq_len)
+            refs = (("nanoGPT adamw", PlainGPT, "adamw"), ("paper-plain adamw", PlainPaperGPT, "adamw"),
+                    ("paper-plain muonh", PlainPaperGPT, "muonh"))
+            for name, cls, optim in refs:
+                ref = cls(*shape).to(device)
+                variants[f"{name} {dtype}"] = (make_step(ref, plain_optimizer(ref, optim), x, device, dtype), None)
             for compiled in ([False, True] if args.compile else [False]):
-                for r in args.rs:
+                for r, optim in [(r, "muonh") for r in args.rs] + [(1, "adamw")]:
                     cfg = ModelConfig(d_model=d, head_dim=args.head_dim, L_eff=args.L_eff, r=r,
                                       seq_len=args.seq_len, vocab_size=args.vocab)
                     m = LoopedLM(cfg).to(device)
                     if compiled:
                         for b in m.blocks():
                             b.compile()
-                    opt = build_optimizers(m.param_groups(), OptimConfig(transfer=False), d_model=d,
+                    opt = build_optimizers(m.param_groups(), OptimConfig(name=optim, transfer=False), d_model=d,
                                            tokens_per_step=args.batch * args.seq_len, total_tokens=1e9)
-                    name = f"r={r} {dtype}{' compile' if compiled else ''}"
-                    variants[name] = (make_step(m, opt, x, device, dtype), cfg)
+                    name = f"r={r} {dtype}{' compile' if compiled else ''}{' adamw' if optim == 'adamw' else ''}"
+                    variants[name] = (make_step(m, [opt], x, device, dtype), cfg)
         for name, (step, _) in variants.items():  # warm-up (and compile)
             t0 = time.perf_counter()
             step()
@@ -106,25 +119,29 @@ def main() -> None:
                 times[name].append((time.perf_counter() - t0) / args.steps)
         tok = args.batch * args.seq_len
         print(f"\nd_model={d} L_eff={args.L_eff} T={args.seq_len} batch={args.batch} head_dim={args.head_dim}")
-        print(f"{'variant':>24} {'ms/step':>9} {'tokens/s':>10} {'GFLOP/s':>9} {'vs plain':>9} {'vs r=1':>7}"
-              + (f" {'MFU':>6} {'GiB':>6}" if device.type == "cuda" else ""))
+        print(f"{'variant':>28} {'ms/step':>9} {'tokens/s':>10} {'GFLOP/s':>9} {'vs same':>8} {'vs nanoGPT':>10}"
+              f" {'vs r=1':>7}" + (f" {'MFU':>6} {'GiB':>6}" if device.type == "cuda" else ""))
         med = {k: statistics.median(v) for k, v in times.items()}
         for name, (_, cfg) in variants.items():
-            dtype = name.split()[1]
+            dtype = next(t for t in args.dtypes if f" {t}" in name)
+            optim = "adamw" if "adamw" in name else "muonh"
             t = med[name]
-            plain_t = med[f"plain {dtype}"]
-            r1 = name.replace(name.split()[0], "r=1", 1) if cfg is not None else None
+            same = med[f"paper-plain {optim} {dtype}"] / t
+            nano = med[f"nanoGPT adamw {dtype}"] / t
+            r1 = None
+            if cfg is not None and optim == "muonh":
+                r1 = name.replace(name.split()[0], "r=1", 1)
             f_tok = accounting.train_flops_per_token(cfg) if cfg is not None else None
             flops = f_tok * tok / t if f_tok else None
             peak = peak_flops(device, dtype)
             row = {"d_model": d, "variant": name, "ms_per_step": t * 1e3, "tokens_per_s": tok / t,
-                   "flops_per_s": flops, "speed_vs_plain": plain_t / t,
+                   "flops_per_s": flops, "speed_vs_same": same, "speed_vs_nanogpt": nano,
                    "step_vs_r1": (t / med[r1]) if r1 in med else None,
                    "mfu": flops / peak if (flops and peak) else None, "peak_mem_gib": mem.get(name)}
             results.append(row)
             gf = f"{flops / 1e9:9.2f}" if flops else f"{'-':>9}"
             vr1 = f"{row['step_vs_r1']:7.3f}" if row["step_vs_r1"] else f"{'-':>7}"
-            line = f"{name:>24} {t * 1e3:9.1f} {tok / t:10.0f} {gf} {plain_t / t:9.2f} {vr1}"
+            line = f"{name:>28} {t * 1e3:9.1f} {tok / t:10.0f} {gf} {same:8.2f} {nano:10.2f} {vr1}"
             if device.type == "cuda":
                 line += f" {row['mfu'] or 0:6.1%} {mem.get(name, 0):6.2f}"
             print(line)

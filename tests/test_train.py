@@ -48,7 +48,7 @@ def test_tiny_looped_model_learns_far_below_unigram_entropy(tmp_path: Path) -> N
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert lines[0]["train_loss"] > lines[-2]["train_loss"]
     assert {"step", "tokens", "lr_mult", "train_loss", "tokens_per_s", "flops_per_s"} <= set(lines[0])
-    for key in ("r", "N_once", "N_rec", "D", "C", "val_loss", "flops_per_token", "wall_s", "hardware"):
+    for key in ("r", "N_once", "N_rec", "D", "C", "val_loss", "val_loss_se", "flops_per_token", "wall_s", "hardware"):
         assert key in res
     assert (tmp_path / "run" / "model.safetensors").exists() and not (tmp_path / "run" / "ckpt.pt").exists()
 
@@ -223,7 +223,58 @@ def test_torchrun_two_cpu_processes_reproduce_the_single_process_curve(tmp_path:
     assert ddp["val_loss"] == pytest.approx(single["val_loss"], rel=1e-4)
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_node_torchrun_rendezvous_matches_the_single_process_curve(tmp_path: Path) -> None:
+    """Multi-node through torchrun's standard c10d rendezvous: two launchers (one per "node", one
+    process each) meet at an endpoint, as on a cluster with a shared filesystem; only global rank 0
+    writes the run dir, even though each node has a LOCAL_RANK 0."""
+    cfg = cfg_with("run.log_every=2", steps=8)
+    cfg_path = write_toml(tmp_path, cfg)
+    single = train(cfg, tmp_path / "single", progress=False)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    port = _free_port()
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", f"--node_rank={i}",
+         "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=loopscale-test",
+         "-m", "loopscale", "train", str(cfg_path), "--out", str(tmp_path / "multi"), "--no-progress"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    for node in nodes:
+        _out, err = node.communicate(timeout=300)
+        assert node.returncode == 0, err[-3000:]
+    multi = read_result(tmp_path / "multi")
+    assert multi["world_size"] == 2 and multi["status"] == "ok"
+    rows = [json.loads(x) for x in (tmp_path / "multi" / "metrics.jsonl").read_text().splitlines()]
+    assert len([r for r in rows if "train_loss" in r]) == len(  # one writer: no duplicated log lines
+        [r for r in (json.loads(x) for x in (tmp_path / "single" / "metrics.jsonl").read_text().splitlines())
+         if "train_loss" in r])
+    assert multi["val_loss"] == pytest.approx(single["val_loss"], rel=1e-4)
+
+
 def test_resolved_config_round_trips_through_toml_including_nulls(tmp_path: Path) -> None:
     cfg = cfg_with("model.softcap=null", "model.bptt_k=1")
     again = load_train_config(write_toml(tmp_path, cfg))
     assert again == cfg and again.model.softcap is None
+
+
+def test_val_loss_stats_are_the_mean_and_the_standard_error_over_rows() -> None:
+    from loopscale.config import ModelConfig
+    from loopscale.model import LoopedLM
+    from loopscale.train.loop import val_loss_stats
+
+    torch.manual_seed(0)
+    model = LoopedLM(ModelConfig(**{**TINY_MODEL, "r": 2}))
+    rows = torch.randint(0, model.cfg.vocab_size, (7, model.cfg.seq_len + 1))
+    mean, se = val_loss_stats(model, rows, micro_batch=3, device=torch.device("cpu"), dtype="float32")
+    with torch.no_grad():
+        logits = model(rows[:, :-1])
+        tok = torch.nn.functional.cross_entropy(logits.transpose(1, 2), rows[:, 1:], reduction="none").double()
+    per_row = tok.mean(dim=1)
+    assert mean == pytest.approx(float(tok.mean()), rel=1e-6)
+    assert se == pytest.approx(float(per_row.std(unbiased=True)) / 7 ** 0.5, rel=1e-4)

@@ -115,9 +115,20 @@ def _prepare_dir(run_dir: Path, cfg: TrainConfig, is_main: bool) -> None:
 def evaluate_loss(model: torch.nn.Module, rows: torch.Tensor, *, micro_batch: int, device: torch.device,
                   dtype: str, dist_world: int = 1, rank: int = 0) -> float:
     """Mean next-token loss (nats/token) over validation rows, sharded across ranks."""
+    return val_loss_stats(model, rows, micro_batch=micro_batch, device=device, dtype=dtype,
+                          dist_world=dist_world, rank=rank)[0]
+
+
+def val_loss_stats(model: torch.nn.Module, rows: torch.Tensor, *, micro_batch: int, device: torch.device,
+                   dtype: str, dist_world: int = 1, rank: int = 0) -> tuple[float, float]:
+    """(mean loss, its standard error over rows): the validation estimate's own sampling noise.
+
+    Every run of a sweep is scored on the same rows, so this noise is shared by all runs (it shifts
+    them together); it bounds how finely one run's loss is known, not the difference between runs.
+    """
     was_training = model.training
     model.eval()
-    total = torch.zeros(2, dtype=torch.float64, device=device)
+    total = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, tokens, sum and sum^2 of row means
     mine = rows[rank::dist_world]
     for i in range(0, mine.size(0), micro_batch):
         chunk = mine[i : i + micro_batch].to(device)
@@ -125,13 +136,19 @@ def evaluate_loss(model: torch.nn.Module, rows: torch.Tensor, *, micro_batch: in
         with autocast(device, dtype):
             logits = model(x)
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1),
-                                                 reduction="sum")
-        total[0] += loss.double()
-        total[1] += y.numel()
+                                                 reduction="none").view(y.shape).double()
+        row_means = loss.mean(dim=1)
+        total += torch.stack([loss.sum(), torch.tensor(float(y.numel()), dtype=torch.float64, device=device),
+                              row_means.sum(), row_means.square().sum()])
     if dist_world > 1:
         torch.distributed.all_reduce(total)
     model.train(was_training)
-    return float(total[0] / total[1])
+    n_rows = rows.size(0)
+    mean = float(total[0] / total[1])
+    if n_rows < 2:
+        return mean, float("nan")
+    var = max(0.0, float(total[3] - total[2] ** 2 / n_rows) / (n_rows - 1))
+    return mean, math.sqrt(var / n_rows)
 
 
 def result_fields(cfg: TrainConfig) -> dict[str, Any]:
@@ -300,9 +317,10 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
                                      f"{total_steps}; checkpoint saved, rerun to resume", sig.caught)
 
     tracker.close()
+    val_se = float("nan")
     if status == "ok":
-        val_loss = evaluate_loss(model, val_rows, micro_batch=micro, device=device, dtype=dtype,
-                                 dist_world=dist.world, rank=dist.rank)
+        val_loss, val_se = val_loss_stats(model, val_rows, micro_batch=micro, device=device, dtype=dtype,
+                                          dist_world=dist.world, rank=dist.rank)
         if not math.isfinite(val_loss):
             status = "diverged"
     steps_done = done_steps if total_steps > start else start
@@ -311,6 +329,7 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
     result: dict[str, Any] = {
         "status": status,
         "val_loss": val_loss if status == "ok" else None,
+        "val_loss_se": val_se if status == "ok" and math.isfinite(val_se) else None,
         "train_loss": last_loss,
         "steps": steps_done,
         "total_steps": total_steps,
