@@ -137,3 +137,16 @@ def test_every_bootstrap_draw_can_be_recomputed_from_the_fit_file(fitted):
     weights = counts[1][np.array(res["cell_of_run"])]
     phi = JointLaw(restarts=100).fit(df, weights=weights).phi_
     assert phi == pytest.approx(doc["variants"]["baseline"]["bootstrap"]["draws"]["phi"][1], abs=1e-4)
+
+
+def test_fit_can_select_r_values_and_rejects_bad_selections(tmp_path, capsys):
+    synthetic_runs(0.46, seed=4).to_csv(tmp_path / "runs.csv", index=False)
+    args = ["fit", str(tmp_path / "runs.csv"), *QUICK, "--json", "--no-per-r", "--no-restricted"]
+    assert run_app([*args, "--r", "2", "--r", "4", "--r", "8"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert read_fit(tmp_path / "fit.json")["variants"]["baseline"]["n_runs"] == 87  # 116 minus the 29 r = 1 runs
+    assert summary["variants"]["baseline"]["params"]["phi"] == pytest.approx(0.46, abs=0.1)
+    assert run_app([*args, "--r", "3", "--r", "4"]) == 2
+    assert "--r: no runs with r = [3]" in capsys.readouterr().err
+    assert run_app([*args, "--r", "4"]) == 2
+    assert "two or more values of r" in capsys.readouterr().err

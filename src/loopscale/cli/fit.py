@@ -29,6 +29,21 @@ def _template(base: dict[str, Any], overrides: list[str], source: str) -> dict[s
     return model
 
 
+def _select_r(table: Any, only_r: list[int], source: str) -> Any:
+    """The table restricted to the given r values (phi needs at least two of them)."""
+    import dataclasses
+
+    from loopscale.errors import ConfigError
+
+    present = sorted(int(r) for r in table.df["r"].unique())
+    missing = sorted(set(only_r) - set(present))
+    if missing:
+        raise ConfigError("--r", f"no runs with r = {missing} in {source}; the table has r = {present}", value=only_r)
+    if len(set(only_r)) < 2:
+        raise ConfigError("--r", "phi needs runs at two or more values of r", value=only_r)
+    return dataclasses.replace(table, df=table.df[table.df["r"].isin(only_r)].reset_index(drop=True))
+
+
 def _fmt(x: Any, digits: int = 4) -> str:
     if x is None:
         return "-"
@@ -56,6 +71,8 @@ def fit(
     bootstrap: int = typer.Option(200, "--bootstrap", "-b", help="Block-bootstrap resamples (0: off)."),
     restarts: int = typer.Option(500, "--restarts", help="Random starts in the paper's box."),
     variant: list[str] = typer.Option([], "--variant", "-v", help="Variant(s) to fit (default: all)."),
+    only_r: list[int] = typer.Option([], "--r", help="Fit only runs with these r (repeat: --r 2 --r 4 --r 8 fits "
+                                     "phi among looped models, without the r = 1 baseline)."),
     reference: str | None = typer.Option(None, "--reference", help="Delta-phi reference (default: baseline)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Fit file (default: fit.json beside RUNS)."),
     loss: str = typer.Option("huber", "--loss", help="Objective: huber (the paper's) or mse."),
@@ -76,6 +93,8 @@ def fit(
     from loopscale.fit import FitSettings, fit_runs, load_runs, write_fit
 
     table = load_runs(runs)
+    if only_r:
+        table = _select_r(table, only_r, str(runs))
     if table.n_excluded:
         err_console.print(
             f"excluded {table.n_excluded} run(s) that did not finish: "

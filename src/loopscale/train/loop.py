@@ -111,7 +111,6 @@ def _prepare_dir(run_dir: Path, cfg: TrainConfig, is_main: bool) -> None:
         atomic_write_text(cfg_path, text)
 
 
-@torch.no_grad()
 def evaluate_loss(model: torch.nn.Module, rows: torch.Tensor, *, micro_batch: int, device: torch.device,
                   dtype: str, dist_world: int = 1, rank: int = 0) -> float:
     """Mean next-token loss (nats/token) over validation rows, sharded across ranks."""
@@ -119,6 +118,7 @@ def evaluate_loss(model: torch.nn.Module, rows: torch.Tensor, *, micro_batch: in
                           dist_world=dist_world, rank=rank)[0]
 
 
+@torch.no_grad()
 def val_loss_stats(model: torch.nn.Module, rows: torch.Tensor, *, micro_batch: int, device: torch.device,
                    dtype: str, dist_world: int = 1, rank: int = 0) -> tuple[float, float]:
     """(mean loss, its standard error over rows): the validation estimate's own sampling noise.
