@@ -34,6 +34,7 @@ CASES = [
     {"r": 4, "bptt_k": 1},
     {"r": 4, "injection": "hyperconnect"},
     {"r": 8, "injection": "additive"},
+    {"r": 1, "r1_looped": True},
 ]
 
 

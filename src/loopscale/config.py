@@ -42,6 +42,8 @@ class ModelConfig(StrictModel):
     injection: Injection = "linear"
     hc_lanes: int = Field(2, gt=0, description="K lanes for injection = 'hyperconnect'")
     bptt_k: int | None = Field(None, gt=0, description="backprop through the last k recurrences")
+    r1_looped: bool = Field(False, description="build r = 1 as a loop of one (injection + recurrent norm), "
+                            "not the plain stack: separates the loop's structure from weight sharing")
     mlp_ratio: int = Field(4, gt=0)
     softcap: float | None = Field(15.0, gt=0)
     rope_base: float = Field(10000.0, gt=0)
@@ -93,7 +95,7 @@ class ModelConfig(StrictModel):
 
     @property
     def is_looped(self) -> bool:
-        return self.r > 1
+        return self.r > 1 or self.r1_looped
 
     @property
     def vocab_padded(self) -> int:
