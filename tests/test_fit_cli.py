@@ -150,3 +150,21 @@ def test_fit_can_select_r_values_and_rejects_bad_selections(tmp_path, capsys):
     assert "--r: no runs with r = [3]" in capsys.readouterr().err
     assert run_app([*args, "--r", "4"]) == 2
     assert "two or more values of r" in capsys.readouterr().err
+
+
+def test_fit_takes_r1_runs_from_a_control_variant(tmp_path, capsys):
+    df = synthetic_runs(0.46, seed=4)
+    r1 = df[df["r"] == 1]
+    ctrl = r1.assign(variant="loop1", val_loss=r1["val_loss"] + 0.2, run_id=r1["run_id"] + "_loop1")
+    base = df.assign(val_loss=df["val_loss"] + 0.2 * (df["r"] > 1))  # a fixed looping tax on r > 1
+    import pandas as pd
+
+    pd.concat([base, ctrl]).to_csv(tmp_path / "runs.csv", index=False)
+    args = ["fit", str(tmp_path / "runs.csv"), *QUICK, "--json", "--no-per-r", "--no-restricted"]
+    assert run_app([*args, "--r1-from", "loop1"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert list(summary["variants"]) == ["baseline"]  # the control is only used as r = 1
+    assert read_fit(tmp_path / "fit.json")["variants"]["baseline"]["n_runs"] == 116
+    assert summary["variants"]["baseline"]["params"]["phi"] == pytest.approx(0.46, abs=0.1)  # the tax cancels
+    assert run_app([*args, "--r1-from", "nope"]) == 2
+    assert "--r1-from: no variant of that name" in capsys.readouterr().err
