@@ -64,7 +64,7 @@ def main() -> None:
     ap.add_argument("--L-eff", type=int, default=12)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--vocab", type=int, default=257)
+    ap.add_argument("--vocab", type=int, default=320, help="a multiple of 64: no padding, every model the same shape")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)

@@ -34,17 +34,19 @@ def test_quick_demo_resumes_after_sigkill_and_writes_a_checked_report(tmp_path: 
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     before = _finished(out)
-    assert 3 <= len(before) < 16
+    assert 3 <= len(before) < 20
 
     proc = _demo(out)
     _, err = proc.communicate(timeout=900)
     assert proc.returncode == 0, err[-3000:]
     after = _finished(out)
-    assert len(after) == 16
+    assert len(after) == 20  # 16 runs of the grid + 4 loop-of-one r = 1 controls
     assert all(after[k] == v for k, v in before.items())  # finished runs were not redone
 
     head = json.loads((out / "headline.json").read_text())
     assert "phi" in head and head["verdict"] and set(head["restricted"]) == {"phi=0", "phi=1"}
+    assert set(head["variants"]) == {"baseline@loop1"} and head["variants"]["baseline@loop1"]["verdict"]
+    assert "baseline@loop1:" in err
     assert set(head["axes"]) == {"knowledge", "reading", "math", "reasoning", "symbolic"}
     assert "phi" in err and "report:" in err
 
@@ -59,4 +61,4 @@ def test_quick_demo_resumes_after_sigkill_and_writes_a_checked_report(tmp_path: 
     assert html.count("data:image/png;base64,") >= len(FIGURES)
     assert "http://" not in html and "https://" not in html
     runs = (out / "runs.csv").read_text().splitlines()
-    assert len(runs) == 17
+    assert len(runs) == 21

@@ -152,7 +152,7 @@ def test_fit_can_select_r_values_and_rejects_bad_selections(tmp_path, capsys):
     assert "two or more values of r" in capsys.readouterr().err
 
 
-def test_fit_takes_r1_runs_from_a_control_variant(tmp_path, capsys):
+def test_fit_against_a_control_variants_r1_runs_adds_a_derived_variant(tmp_path, capsys):
     df = synthetic_runs(0.46, seed=4)
     r1 = df[df["r"] == 1]
     ctrl = r1.assign(variant="loop1", val_loss=r1["val_loss"] + 0.2, run_id=r1["run_id"] + "_loop1")
@@ -163,8 +163,10 @@ def test_fit_takes_r1_runs_from_a_control_variant(tmp_path, capsys):
     args = ["fit", str(tmp_path / "runs.csv"), *QUICK, "--json", "--no-per-r", "--no-restricted"]
     assert run_app([*args, "--r1-from", "loop1"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert list(summary["variants"]) == ["baseline"]  # the control is only used as r = 1
-    assert read_fit(tmp_path / "fit.json")["variants"]["baseline"]["n_runs"] == 116
-    assert summary["variants"]["baseline"]["params"]["phi"] == pytest.approx(0.46, abs=0.1)  # the tax cancels
+    assert list(summary["variants"]) == ["baseline", "baseline@loop1"]  # the control alone is not fitted
+    doc = read_fit(tmp_path / "fit.json")
+    assert doc["variants"]["baseline"]["n_runs"] == doc["variants"]["baseline@loop1"]["n_runs"] == 116
+    assert summary["variants"]["baseline@loop1"]["params"]["phi"] == pytest.approx(0.46, abs=0.1)  # tax cancels
+    assert summary["variants"]["baseline"]["params"]["phi"] < 0.2  # the tax reads as a smaller phi
     assert run_app([*args, "--r1-from", "nope"]) == 2
-    assert "--r1-from: no variant of that name" in capsys.readouterr().err
+    assert "--r1-from: no r = 1 runs with this variant" in capsys.readouterr().err

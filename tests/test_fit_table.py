@@ -85,6 +85,14 @@ def test_r1_runs_are_shared_by_every_variant(table):
         runs.for_variant("nope")
 
 
+def test_a_variant_with_its_own_r1_runs_uses_only_those(table):
+    own = synthetic_runs(0.3, seed=2, variant="lr2").assign(run_id=lambda d: d["run_id"] + "_lr2")
+    runs = validate_runs(pd.concat([table, own], ignore_index=True))
+    for v in ("baseline", "lr2"):
+        t = runs.for_variant(v).df
+        assert len(t) == 116 and (t["variant"] == v).all()
+
+
 def test_csv_parquet_and_sweep_dirs_load_the_same_table(tmp_path, table):
     table.to_csv(tmp_path / "runs.csv", index=False)
     table.to_parquet(tmp_path / "runs.parquet", index=False)

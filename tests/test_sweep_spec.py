@@ -44,7 +44,8 @@ def test_demo_preset_is_a_cpu_grid_that_plans_without_refused_runs() -> None:
     assert spec.r == [1, 2, 4, 8] and len(spec.budgets) >= 3
     m = spec.runs()[0].config.model
     assert (m.head_dim, m.L_eff, m.n_prelude, m.n_coda) == (16, 12, 2, 2) and m.seq_len <= 256
-    assert all(3 <= len(spec.widths[(c, 1)]) <= 4 for c in spec.budgets)
+    assert all(2 <= len(spec.widths[(c, 1)]) <= 4 for c in spec.budgets)
+    assert spec.variants["loop1"].r == [1] and spec.variants["loop1"].model == {"r1_looped": True}
     plan = make_plan(spec)
     assert not any(w.startswith("refused") for r in plan.rows for w in r.warnings)
     assert 1e13 < plan.total_flops < 1e14

@@ -45,6 +45,9 @@ def run_demo(out: str | Path = "demo", *, preset: str = "demo", bootstrap: int |
     con.rule("[bold]2/4 fit[/]")
     defaults = FitSettings()
     table = load_runs(runs_csv)
+    for control in [name for name, v in spec.variants.items() if v.r == [1]]:  # e.g. loop-of-one r = 1 runs
+        if (table.df["variant"] == control).any():
+            table = table.with_r1_control(control)
     settings = FitSettings(bootstrap=bootstrap if bootstrap is not None else defaults.bootstrap,
                            restarts=restarts if restarts is not None else defaults.restarts,
                            template=template_from_table(table.df))
@@ -85,12 +88,19 @@ def _headline(fit: dict[str, Any], runs: Any, ev: dict[str, Any], index: Path, w
             x = row.get(f"loss_{axis}")
             if x is not None:
                 axes.setdefault(axis, {}).setdefault(int(row["r"]), []).append(float(x))
+    others = {}
+    for name in fit["variants"]:
+        if name != ref:
+            o = phi_verdict(fit, name)
+            others[name] = {"phi": o.phi, "phi_ci": list(o.ci) if o.ci else None, "identified": o.identified,
+                            "verdict": o.label, "reasons": o.reasons}
     return {
         "phi": verdict.phi, "phi_ci": list(verdict.ci) if verdict.ci else None, "identified": verdict.identified,
         "verdict": verdict.label, "reasons": verdict.reasons,
         "r2": v["metrics"]["r2"], "restricted": {k: r["r2"] for k, r in v["restricted"].items()},
         "delta_phi": {d.get("variant", f"#{i}"): d.get("delta_phi") for i, d in enumerate(fit.get("delta_phi") or [])},
         "loss_gap_to_r1": gaps,
+        "variants": others,
         "axes": {a: {r: sum(x) / len(x) for r, x in sorted(per.items())} for a, per in axes.items()},
         "report": str(index), "wall_s": wall,
     }
@@ -107,6 +117,9 @@ def _print_headline(con: Console, h: dict[str, Any]) -> None:
     if h.get("restricted"):
         con.print("  R2: free " + f"{h['r2']:.4f}" + "".join(f", {k} {v:.4f}" for k, v in h["restricted"].items()
                                                            if v is not None), highlight=False)
+    for name, o in (h.get("variants") or {}).items():
+        con.print(f"  {name}: {o['verdict']}" + (f" ({'; '.join(o['reasons'])})" if o.get("reasons") else ""),
+                  highlight=False)
     for k, v in (h.get("delta_phi") or {}).items():
         if v is not None:
             con.print(f"  delta phi ({k}) = {v:+.3f}", highlight=False)

@@ -44,28 +44,6 @@ def _select_r(table: Any, only_r: list[int], source: str) -> Any:
     return dataclasses.replace(table, df=table.df[table.df["r"].isin(only_r)].reset_index(drop=True))
 
 
-def _r1_from(table: Any, control: str, source: str) -> Any:
-    """Every other variant fitted against ``control``'s r = 1 runs instead of its own."""
-    import dataclasses
-
-    import pandas as pd
-
-    from loopscale.errors import ConfigError
-
-    df = table.df
-    variants = list(dict.fromkeys(df["variant"])) if "variant" in df.columns else []
-    if control not in variants:
-        raise ConfigError("--r1-from", f"no variant of that name in {source}; it has {variants}", value=control)
-    ctrl = df[(df["variant"] == control) & (df["r"] == 1)]
-    if ctrl.empty:
-        raise ConfigError("--r1-from", f"variant has no r = 1 runs in {source}", value=control)
-    parts = [df[df["variant"] == control]] if (df[df["variant"] == control]["r"] > 1).any() else []
-    for v in variants:
-        if v != control:
-            parts += [df[(df["variant"] == v) & (df["r"] != 1)], ctrl.assign(variant=v)]
-    return dataclasses.replace(table, df=pd.concat(parts, ignore_index=True))
-
-
 def _fmt(x: Any, digits: int = 4) -> str:
     if x is None:
         return "-"
@@ -93,8 +71,8 @@ def fit(
     bootstrap: int = typer.Option(200, "--bootstrap", "-b", help="Block-bootstrap resamples (0: off)."),
     restarts: int = typer.Option(500, "--restarts", help="Random starts in the paper's box."),
     variant: list[str] = typer.Option([], "--variant", "-v", help="Variant(s) to fit (default: all)."),
-    r1_from: str | None = typer.Option(None, "--r1-from", help="Take every variant's r = 1 runs from this "
-                                       "variant (e.g. loop-of-one controls, model.r1_looped)."),
+    r1_from: str | None = typer.Option(None, "--r1-from", help="Also fit each variant V as V@CONTROL, against "
+                                       "this variant's r = 1 runs (loop-of-one controls, model.r1_looped)."),
     only_r: list[int] = typer.Option([], "--r", help="Fit only runs with these r (repeat: --r 2 --r 4 --r 8 fits "
                                      "phi among looped models, without the r = 1 baseline)."),
     reference: str | None = typer.Option(None, "--reference", help="Delta-phi reference (default: baseline)."),
@@ -118,7 +96,7 @@ def fit(
 
     table = load_runs(runs)
     if r1_from:
-        table = _r1_from(table, r1_from, str(runs))
+        table = table.with_r1_control(r1_from)
     if only_r:
         table = _select_r(table, only_r, str(runs))
     if table.n_excluded:

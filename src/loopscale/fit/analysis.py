@@ -167,7 +167,7 @@ def fit_runs(
     ref = settings.reference_variant or ("baseline" if "baseline" in variants else variants[0])
     if ref not in variants:
         variants.insert(0, ref)
-    selected = runs.subset((runs.df["r"] == 1) | runs.df["variant"].isin(variants))
+    selected = runs.subset(np.logical_or.reduce([runs.variant_mask(v) for v in variants]))
     df_all = selected.df
     warnings_: list[str] = []
     if runs.n_excluded:
@@ -192,7 +192,7 @@ def fit_runs(
     out_variants: dict[str, Any] = {}
     phi_draws: dict[str, np.ndarray] = {}
     for v in variants:
-        mask = ((df_all["r"] == 1) | (df_all["variant"] == v)).to_numpy()
+        mask = selected.variant_mask(v)
         vruns = selected.subset(mask)
         vdf = vruns.df
         fits = None

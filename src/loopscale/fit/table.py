@@ -53,24 +53,56 @@ class RunsTable:
         names = sorted(set(looped["variant"])) if len(looped) else []
         return names or sorted(set(self.df["variant"]))
 
-    def for_variant(self, variant: str | None) -> RunsTable:
-        """The runs one variant's fit uses: its own r > 1 runs plus every r = 1 run.
+    def variant_mask(self, variant: str) -> np.ndarray:
+        """Rows one variant's fit uses: its own runs, plus the shared r = 1 runs unless it has its own.
 
-        The paper reuses the r = 1 runs across probes; a non-looped run is the same model whatever
-        the loop recipe, so it belongs to every variant.
+        The paper reuses the r = 1 runs across probes: a non-looped run is the same model whatever the
+        loop recipe. Shared r = 1 runs are the baseline's (or, in a table without a baseline, every
+        r = 1 run); a variant that trained its own r = 1 runs (sweep ``r1 = "own"``) uses only those.
         """
+        df = self.df
+        own = (df["variant"] == variant).to_numpy()
+        r1 = (df["r"] == 1).to_numpy()
+        if (own & r1).any():
+            return own
+        base = r1 & (df["variant"] == DEFAULT_VARIANT).to_numpy()
+        return own | (base if base.any() else r1)
+
+    def for_variant(self, variant: str | None) -> RunsTable:
+        """The runs one variant's fit uses (see ``variant_mask``)."""
         if variant is None:
             return self
-        df = self.df
-        keep = (df["r"] == 1) | (df["variant"] == variant)
-        if not (df["variant"] == variant).any():
+        if not (self.df["variant"] == variant).any():
             raise ConfigError(
                 "variant",
                 f"no runs with this variant; the table has {self.variants}",
                 value=variant,
                 source=self.source,
             )
-        return RunsTable(df[keep].reset_index(drop=True), source=self.source, excluded=dict(self.excluded))
+        return self.subset(self.variant_mask(variant))
+
+    def with_r1_control(self, control: str) -> RunsTable:
+        """Add a variant ``V@control`` per variant V: V's looped runs against ``control``'s r = 1 runs.
+
+        The control is a variant of r = 1 runs only, e.g. loops of one (``model.r1_looped``): fitting
+        against it separates what sharing weights costs from what the loop's structure costs.
+        """
+        df = self.df
+        ctrl = df[(df["variant"] == control) & (df["r"] == 1)]
+        if ctrl.empty:
+            names = sorted(set(df["variant"]))
+            raise ConfigError("--r1-from", f"no r = 1 runs with this variant; the table has {names}",
+                              value=control, source=self.source)
+        parts = [df]
+        for v in self.variants:
+            if v == control:
+                continue
+            name = f"{v}@{control}"
+            looped = df[self.variant_mask(v) & (df["r"] > 1).to_numpy()]
+            for rows in (looped, ctrl):
+                parts.append(rows.assign(variant=name, run_id=rows["run_id"].astype(str) + f"@{name}")
+                             if "run_id" in rows.columns else rows.assign(variant=name))
+        return RunsTable(pd.concat(parts, ignore_index=True), source=self.source, excluded=dict(self.excluded))
 
     def subset(self, mask: np.ndarray | pd.Series) -> RunsTable:
         return RunsTable(
