@@ -51,6 +51,16 @@ def test_demo_preset_is_a_cpu_grid_that_plans_without_refused_runs() -> None:
     assert 1e13 < plan.total_flops < 1e14
 
 
+def test_study_preset_plans_longer_runs_with_loop_of_one_controls() -> None:
+    from loopscale.demo import PRESETS
+
+    spec = load_spec(PRESETS["study"])
+    assert min(spec.budgets) > max(load_spec("demo").budgets) / 2 and spec.variants["loop1"].r == [1]
+    plan = make_plan(spec)
+    assert not any(w.startswith("refused") for r in plan.rows for w in r.warnings)
+    assert plan.by_variant() == {"baseline": 28, "loop1": 7} and 3e13 < plan.total_flops < 1e14
+
+
 def test_run_ids_are_stable_and_readable() -> None:
     spec = spec_from_dict(tiny_spec(seeds=[0, 3]))
     ids = [rs.run_id for rs in spec.runs()]

@@ -14,7 +14,7 @@ from typing import Any
 
 from rich.console import Console
 
-PRESETS = {"quick": "quick", "demo": "demo"}  # a longer "study" preset is future work (docs/cpu-scale.md)
+PRESETS = {"quick": "quick", "demo": "demo", "study": "study"}
 
 
 def run_demo(out: str | Path = "demo", *, preset: str = "demo", bootstrap: int | None = None,
