@@ -118,8 +118,11 @@ def _print_headline(con: Console, h: dict[str, Any]) -> None:
         con.print("  R2: free " + f"{h['r2']:.4f}" + "".join(f", {k} {v:.4f}" for k, v in h["restricted"].items()
                                                            if v is not None), highlight=False)
     for name, o in (h.get("variants") or {}).items():
-        con.print(f"  {name}: {o['verdict']}" + (f" ({'; '.join(o['reasons'])})" if o.get("reasons") else ""),
-                  highlight=False)
+        est = "" if o.get("phi") is None else f"phi = {o['phi']:.3f}" + (
+            f" [95% CI {o['phi_ci'][0]:.2f}, {o['phi_ci'][1]:.2f}]" if o.get("phi_ci") else "")
+        line = f"  {name}: {est}" + (" - " if est and not o["identified"] else "")
+        line += "" if o["identified"] else o["verdict"]
+        con.print(line + (f" ({'; '.join(o['reasons'])})" if o.get("reasons") else ""), highlight=False)
     for k, v in (h.get("delta_phi") or {}).items():
         if v is not None:
             con.print(f"  delta phi ({k}) = {v:+.3f}", highlight=False)

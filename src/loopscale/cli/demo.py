@@ -12,8 +12,9 @@ from loopscale.cli.app import app
 @app.command()
 def demo(
     out: Path = typer.Option(Path("demo"), "--out", "-o", help="Output dir (sweep, runs.csv, fit.json, report/)."),
-    quick: bool = typer.Option(False, "--quick", help="16 tiny runs, ~3 min: for CI and first contact."),
-    preset: str = typer.Option("demo", "--preset", help="demo (~15 min on 2 cores), study (~50 min) or quick (= --quick)."),
+    quick: bool = typer.Option(False, "--quick", help="20 tiny runs, ~3 min: for CI and first contact."),
+    preset: str = typer.Option("demo", "--preset",
+                               help="demo (~17 min on 2 cores), study (~50 min) or quick (= --quick)."),
     bootstrap: int | None = typer.Option(None, help="Bootstrap resamples (default 200)."),
     no_progress: bool = typer.Option(False, "--no-progress"),
 ) -> None:

@@ -25,7 +25,7 @@ from loopscale.fit import optima
 from loopscale.fit.bootstrap import cell_counts, percentile_ci, refit_batch
 from loopscale.fit.law import LOSSES, JointLaw, LawData, theta_to_params
 from loopscale.fit.paper import PAPER_BOOTSTRAP, PAPER_HUBER_DELTA, PAPER_RESTARTS
-from loopscale.fit.table import as_runs, budget_values
+from loopscale.fit.table import as_runs, budget_values, is_control_refit
 
 COEFFICIENTS = ("E", "A", "B", "alpha", "beta", "phi")
 
@@ -298,7 +298,7 @@ def fit_runs(
 
     delta_phi = []
     for v in variants:
-        if v == ref or v not in phi_draws or ref not in phi_draws:
+        if v == ref or v not in phi_draws or ref not in phi_draws or is_control_refit(v):
             continue
         a, b = out_variants[ref]["law"]["params"]["phi"], out_variants[v]["law"]["params"]["phi"]
         if a is None or b is None:

@@ -28,6 +28,13 @@ OK_STATUSES: frozenset[str] = frozenset(
 )
 #: the variant that r = 1 rows belong to when a table has no variant column.
 DEFAULT_VARIANT = "baseline"
+#: ``V@C`` names the re-fit of variant V's looped runs against control variant C's r = 1 runs.
+CONTROL_SEP = "@"
+
+
+def is_control_refit(variant: str) -> bool:
+    """A ``V@C`` re-fit is the same runs under another r = 1 reference, not a recipe: no Δφ for it."""
+    return CONTROL_SEP in str(variant)
 
 
 @dataclass
@@ -97,11 +104,9 @@ class RunsTable:
         for v in self.variants:
             if v == control:
                 continue
-            name = f"{v}@{control}"
+            name = f"{v}{CONTROL_SEP}{control}"
             looped = df[self.variant_mask(v) & (df["r"] > 1).to_numpy()]
-            for rows in (looped, ctrl):
-                parts.append(rows.assign(variant=name, run_id=rows["run_id"].astype(str) + f"@{name}")
-                             if "run_id" in rows.columns else rows.assign(variant=name))
+            parts += [looped.assign(variant=name), ctrl.assign(variant=name)]  # same runs, same run ids
         return RunsTable(pd.concat(parts, ignore_index=True), source=self.source, excluded=dict(self.excluded))
 
     def subset(self, mask: np.ndarray | pd.Series) -> RunsTable:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from loopscale.fit.table import is_control_refit
 from loopscale.report.context import ReportContext
 from loopscale.report.figures import AXIS_TITLES, axes_scores, axis_order, equivalence_ratios, tt_scores
 from loopscale.report.honesty import delta_phi_reading
@@ -134,7 +135,8 @@ def delta_phi_table(ctx: ReportContext) -> Table | None:
         if name == ctx.variant:
             rows.append([name + " (reference)", phi, "–", "–", "reference"])
         elif d is None:
-            rows.append([name, phi, "–", "–", "Δφ not computed (φ undetermined)"])
+            why = "a re-fit against control r = 1 runs, not a recipe" if is_control_refit(name) else "φ undetermined"
+            rows.append([name, phi, "–", "–", f"Δφ not computed ({why})"])
         else:
             frac = "–" if d.get("fraction_above_zero") is None else f"{d['fraction_above_zero']:.2f}"
             rows.append(
