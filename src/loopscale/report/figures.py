@@ -120,6 +120,36 @@ def _budget_axis(ax: Axes, budgets: list[float], which: str = "x") -> None:
         axis.set_major_formatter(FuncFormatter(lambda v, _pos: fmt_flops(v)))
 
 
+def _flops_x(axes: tuple[Axes, ...], budgets: list[float]) -> None:
+    """Budget panels share one x axis style: log FLOPs, a tick per budget, rotated labels."""
+    for a in axes:
+        _budget_axis(a, budgets)
+        a.set_xlabel(style.FLOPS)
+        a.tick_params(axis="x", labelrotation=30)
+
+
+def _frontier_panels(ctx: ReportContext, height: float, empty: str) -> tuple[Any, Any, dict]:
+    """Two panels, dense budgets and the law's frontier curves per r (no budgets: C is None, panels say so)."""
+    grid = _grid(2, 2, height, legend_rows=2)
+    if not ctx.budgets:
+        _empty(grid.axs[0], empty)
+        _empty(grid.axs[1], "")
+        return grid, None, {}
+    C = _dense_budgets(ctx.budgets)
+    return grid, C, _law_frontier_curves(ctx, C)
+
+
+def _frontier_legend(ctx: ReportContext, grid: Any) -> None:
+    grey = "#555555"
+    grid.legend([
+        *_r_handles(ctx, ctx.rs, line=True),
+        Line2D([], [], color=grey, linestyle="-", label="joint law (band: 95% CI)"),
+        Line2D([], [], color=grey, marker="o", linestyle="none", label="parabola minimum"),
+        Line2D([], [], color=grey, marker="o", markerfacecolor="white", linestyle="none",
+               label="open: best run (not bracketed)"),
+    ], 4)
+
+
 def _r_handles(ctx: ReportContext, rs: list[int], *, line: bool = False) -> list[Line2D]:
     pal = ctx.palette
     out = []
@@ -290,14 +320,10 @@ def _phi_txt(ctx: ReportContext) -> str:
 def fig_frontier(ctx: ReportContext) -> Figure:
     """L*(C) per r (law line + band, empirical parabola minima) and the gap to r = 1 at matched compute."""
     pal = ctx.palette
-    grid = _grid(2, 2, 3.1, legend_rows=2)
+    grid, C, curves = _frontier_panels(ctx, 3.1, "no budget column C:\nno compute-optimal frontier")
     fig, (ax, axg) = grid.fig, grid.axs
-    if not ctx.budgets:
-        _empty(ax, "no budget column C:\nno compute-optimal frontier")
-        _empty(axg, "")
+    if C is None:
         return fig
-    C = _dense_budgets(ctx.budgets)
-    curves = _law_frontier_curves(ctx, C)
     emp = ctx.optima
     for r in ctx.rs:
         cur = curves.get(r)
@@ -317,10 +343,7 @@ def fig_frontier(ctx: ReportContext) -> Figure:
                 ax.plot(g["C"], g["L"], **pal.point(r, filled=bool(bracketed)), zorder=3)
                 if r != 1 and "gap_to_r1" in g:
                     axg.plot(g["C"], g["gap_to_r1"], **pal.point(r, filled=bool(bracketed)), zorder=3)
-    for a in (ax, axg):
-        _budget_axis(a, ctx.budgets)
-        a.set_xlabel(style.FLOPS)
-        a.tick_params(axis="x", labelrotation=30)
+    _flops_x((ax, axg), ctx.budgets)
     ax.set_ylabel("compute-optimal " + style.LOSS)
     ax.set_title("compute-optimal frontier L*(C)")
     axg.axhline(0, color="#000000", linewidth=0.8)
@@ -328,21 +351,7 @@ def fig_frontier(ctx: ReportContext) -> Figure:
     axg.set_title("loss gap to r = 1 at matched compute")
     if not any("gap" in c for c in curves.values()) and (emp.empty or not (emp["r"] > 1).any()):
         _empty(axg, "no looped runs: no gap to r = 1")
-    handles = [
-        *_r_handles(ctx, ctx.rs, line=True),
-        Line2D([], [], color="#555555", linestyle="-", label="joint law (band: 95% CI)"),
-        Line2D([], [], color="#555555", marker="o", linestyle="none", label="parabola minimum"),
-        Line2D(
-            [],
-            [],
-            color="#555555",
-            marker="o",
-            markerfacecolor="white",
-            linestyle="none",
-            label="open: best run (not bracketed)",
-        ),
-    ]
-    grid.legend(handles, 4)
+    _frontier_legend(ctx, grid)
     return fig
 
 
@@ -706,14 +715,10 @@ def fig_equivalence(ctx: ReportContext) -> Figure:
 def fig_allocation(ctx: ReportContext) -> Figure:
     """Compute-optimal size N*(C) and tokens per parameter D*/N* per r: law lines, empirical minima."""
     pal = ctx.palette
-    grid = _grid(2, 2, 3.0, legend_rows=2)
+    grid, C, curves = _frontier_panels(ctx, 3.0, "no budget column C")
     fig, (axn, axt) = grid.fig, grid.axs
-    if not ctx.budgets:
-        _empty(axn, "no budget column C")
-        _empty(axt, "")
+    if C is None:
         return fig
-    C = _dense_budgets(ctx.budgets)
-    curves = _law_frontier_curves(ctx, C)
     emp = ctx.optima
     for r in ctx.rs:
         cur = curves.get(r)
@@ -728,31 +733,14 @@ def fig_allocation(ctx: ReportContext) -> Figure:
             for bracketed, g in emp[emp["r"] == r].groupby("bracketed"):
                 axn.plot(g["C"], g["N"], **pal.point(r, filled=bool(bracketed)), zorder=3)
                 axt.plot(g["C"], g["tokens_per_param"], **pal.point(r, filled=bool(bracketed)), zorder=3)
-    for a in (axn, axt):
-        _budget_axis(a, ctx.budgets)
-        a.set_xlabel(style.FLOPS)
-        a.tick_params(axis="x", labelrotation=30)
+    _flops_x((axn, axt), ctx.budgets)
     _count_axis(axn, "y")
     axn.set_ylabel("compute-optimal " + style.PARAMS.replace("unique ", "unique\n"))
     axn.set_title("optimal model size N*(C)")
     _log_axis(axt, "y", lambda v: f"{v:g}")
     axt.set_ylabel(style.TOKENS_PER_PARAM + " at the optimum")
     axt.set_title("tokens per parameter at the optimum")
-    handles = [
-        *_r_handles(ctx, ctx.rs, line=True),
-        Line2D([], [], color="#555555", linestyle="-", label="joint law (band: 95% CI)"),
-        Line2D([], [], color="#555555", marker="o", linestyle="none", label="parabola minimum"),
-        Line2D(
-            [],
-            [],
-            color="#555555",
-            marker="o",
-            markerfacecolor="white",
-            linestyle="none",
-            label="open: best run (not bracketed)",
-        ),
-    ]
-    grid.legend(handles, 4)
+    _frontier_legend(ctx, grid)
     return fig
 
 
