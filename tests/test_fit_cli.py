@@ -170,3 +170,19 @@ def test_fit_against_a_control_variants_r1_runs_adds_a_derived_variant(tmp_path,
     assert summary["variants"]["baseline"]["params"]["phi"] < 0.2  # the tax reads as a smaller phi
     assert run_app([*args, "--r1-from", "nope"]) == 2
     assert "--r1-from: no r = 1 runs with this variant" in capsys.readouterr().err
+
+
+def test_fit_takes_several_tables_and_can_fit_seed_means(tmp_path, capsys):
+    df = synthetic_runs(0.46, seed=4)
+    df.to_csv(tmp_path / "s0.csv", index=False)
+    df.assign(run_id=df["run_id"] + "_s1", val_loss=df["val_loss"] + 0.01).to_csv(tmp_path / "s1.csv", index=False)
+    args = ["fit", str(tmp_path / "s0.csv"), str(tmp_path / "s1.csv"), *QUICK, "--json", "--no-per-r",
+            "--no-restricted", "--no-checks"]
+    assert run_app(args) == 0
+    capsys.readouterr()
+    doc = read_fit(tmp_path / "fit.json")  # beside the first table
+    assert doc["variants"]["baseline"]["n_runs"] == 232
+    assert run_app([*args, "--seed-means", "--out", str(tmp_path / "means.json")]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert read_fit(tmp_path / "means.json")["variants"]["baseline"]["n_runs"] == 116
+    assert summary["variants"]["baseline"]["params"]["phi"] == pytest.approx(0.46, abs=0.1)

@@ -133,3 +133,34 @@ def test_sweep_dir_with_a_failed_run_record_excludes_it(tmp_path, table):
     (tmp_path / "crashed" / "result.json").write_text(json.dumps({"status": "failed", "error": "OOM", "r": 4}))
     runs = load_runs(tmp_path)
     assert len(runs.df) == 6 and runs.excluded == {"failed": 1}
+
+
+def test_several_tables_load_as_one_and_a_repeated_run_is_an_error(tmp_path, table):
+    seed1 = table.assign(run_id=table["run_id"] + "_s1", val_loss=table["val_loss"] + 0.01)
+    bad = table.assign(status="diverged").head(2).assign(run_id=["x1", "x2"])
+    table.to_csv(tmp_path / "a.csv", index=False)
+    pd.concat([seed1, bad]).to_csv(tmp_path / "b.csv", index=False)
+    both = load_runs([tmp_path / "a.csv", tmp_path / "b.csv"])
+    assert len(both.df) == 2 * len(table) and both.excluded == {"diverged": 2}
+    assert both.source == f"{tmp_path / 'a.csv'} + {tmp_path / 'b.csv'}"
+    assert len(load_runs([tmp_path / "a.csv"]).df) == len(table)  # a list of one is that table
+    with pytest.raises(ConfigError) as info:
+        load_runs([tmp_path / "a.csv", tmp_path / "a.csv"])
+    assert "is in both" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_seed_means_average_each_design_point_over_its_seeds(table):
+    seed1 = table.assign(run_id=table["run_id"] + "_s1", val_loss=table["val_loss"] + 0.1)
+    both = validate_runs(pd.concat([table, seed1, seed1.head(1).assign(run_id="extra", val_loss=9.0)]))
+    means = both.seed_means()
+    assert len(means.df) == len(table)
+    first = means.df.iloc[0]
+    assert first["n_seeds"] == 3 and first["run_id"].count(";") == 2
+    assert first["val_loss"] == pytest.approx((2 * table["val_loss"].iloc[0] + 0.1 + 9.0) / 3)
+    rest = means.df.iloc[1:]
+    np.testing.assert_allclose(rest["val_loss"], table["val_loss"].iloc[1:] + 0.05)
+    np.testing.assert_allclose(rest["val_loss_seed_sd"], 0.1 / np.sqrt(2))
+    assert (rest["n_seeds"] == 2).all()
+    one = validate_runs(table).seed_means().df  # one seed: the table itself
+    np.testing.assert_allclose(one["val_loss"], table["val_loss"])
+    assert (one["val_loss_seed_sd"] == 0).all()

@@ -242,6 +242,20 @@ def test_phi_at_a_bound_or_with_a_wide_ci_is_not_identified(report):
     assert v.identified and "uncertainty not estimated" in v.label
 
 
+def test_caveats_say_where_phi_and_its_ci_sit_against_0_and_1(report):
+    doc = json.loads((report[0].parent / "fit.json").read_text())
+    rec = doc["variants"]["baseline"]
+    rec["law"]["params"]["phi"], rec["bootstrap"]["ci"]["phi"] = 1.11, [0.96, 1.31]
+    v = phi_verdict(doc)
+    assert v.identified and v.label == "φ = 1.110 [0.960, 1.310]"
+    assert any("> 1" in c for c in v.caveats) and any("includes φ = 1" in c for c in v.caveats)
+    assert not any("φ = 0" in c for c in v.caveats)
+    rec["law"]["params"]["phi"], rec["bootstrap"]["ci"]["phi"] = 0.46, [0.41, 0.53]
+    assert not [c for c in phi_verdict(doc).caveats if "φ" in c]  # the paper's result: nothing to add
+    rec["law"]["params"]["phi"], rec["bootstrap"]["ci"]["phi"] = 0.2, [-0.05, 0.4]
+    assert any("includes φ = 0" in c for c in phi_verdict(doc).caveats)
+
+
 def test_axes_table_without_a_loss_column_is_a_one_line_error():
     with pytest.raises(ConfigError, match="loss: missing column"):
         read_axes(pd.DataFrame({"r": [1], "axis": ["math"], "accuracy": [0.5]}))

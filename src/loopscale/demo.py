@@ -93,10 +93,10 @@ def _headline(fit: dict[str, Any], runs: Any, ev: dict[str, Any], index: Path, w
         if name != ref:
             o = phi_verdict(fit, name)
             others[name] = {"phi": o.phi, "phi_ci": list(o.ci) if o.ci else None, "identified": o.identified,
-                            "verdict": o.label, "reasons": o.reasons}
+                            "verdict": o.label, "reasons": o.reasons, "caveats": o.caveats}
     return {
         "phi": verdict.phi, "phi_ci": list(verdict.ci) if verdict.ci else None, "identified": verdict.identified,
-        "verdict": verdict.label, "reasons": verdict.reasons,
+        "verdict": verdict.label, "reasons": verdict.reasons, "caveats": verdict.caveats,
         "r2": v["metrics"]["r2"], "restricted": {k: r["r2"] for k, r in v["restricted"].items()},
         "delta_phi": {d.get("variant", f"#{i}"): d.get("delta_phi") for i, d in enumerate(fit.get("delta_phi") or [])},
         "loss_gap_to_r1": gaps,
@@ -114,6 +114,8 @@ def _print_headline(con: Console, h: dict[str, Any]) -> None:
     con.print(f"phi = {phi:.3f}{ci_txt}" if phi is not None else "phi: no fit", highlight=False)
     con.print(f"  {h.get('verdict')}" + (f" ({'; '.join(h['reasons'])})" if h.get("reasons") else ""),
               highlight=False)
+    if h.get("caveats"):
+        con.print(f"  {'; '.join(h['caveats'])}", highlight=False)
     if h.get("restricted"):
         con.print("  R2: free " + f"{h['r2']:.4f}" + "".join(f", {k} {v:.4f}" for k, v in h["restricted"].items()
                                                            if v is not None), highlight=False)
@@ -123,6 +125,8 @@ def _print_headline(con: Console, h: dict[str, Any]) -> None:
         line = f"  {name}: {est}" + (" - " if est and not o["identified"] else "")
         line += "" if o["identified"] else o["verdict"]
         con.print(line + (f" ({'; '.join(o['reasons'])})" if o.get("reasons") else ""), highlight=False)
+        if o.get("caveats"):
+            con.print(f"    {'; '.join(o['caveats'])}", highlight=False)
     for k, v in (h.get("delta_phi") or {}).items():
         if v is not None:
             con.print(f"  delta phi ({k}) = {v:+.3f}", highlight=False)

@@ -67,7 +67,10 @@ def _m(n: float) -> str:
 
 @app.command()
 def fit(
-    runs: Path = typer.Argument(..., help="Runs table (CSV/Parquet) or sweep dir (runs.csv or */result.json)."),
+    runs: list[Path] = typer.Argument(..., help="Runs table (CSV/Parquet) or sweep dir (runs.csv or */result.json); "
+                                      "several are fitted as one (e.g. one sweep per seed)."),
+    seed_means: bool = typer.Option(False, "--seed-means", help="Fit the mean loss of each design point over its "
+                                    "seeds, not every run as a point."),
     bootstrap: int = typer.Option(200, "--bootstrap", "-b", help="Block-bootstrap resamples (0: off)."),
     restarts: int = typer.Option(500, "--restarts", help="Random starts in the paper's box."),
     variant: list[str] = typer.Option([], "--variant", "-v", help="Variant(s) to fit (default: all)."),
@@ -95,10 +98,12 @@ def fit(
     from loopscale.fit import FitSettings, fit_runs, load_runs, write_fit
 
     table = load_runs(runs)
+    if seed_means:
+        table = table.seed_means()
     if r1_from:
         table = table.with_r1_control(r1_from)
     if only_r:
-        table = _select_r(table, only_r, str(runs))
+        table = _select_r(table, only_r, table.source)
     if table.n_excluded:
         err_console.print(
             f"excluded {table.n_excluded} run(s) that did not finish: "
@@ -125,7 +130,7 @@ def fit(
     )
     with err_console.status("fitting") as status:
         result = fit_runs(table, settings, progress=lambda msg: status.update(msg))
-    path = out or ((runs if runs.is_dir() else runs.parent) / "fit.json")
+    path = out or ((runs[0] if runs[0].is_dir() else runs[0].parent) / "fit.json")
     write_fit(path, result)
     if as_json:
         console.print_json(json.dumps(_summary(result), allow_nan=False, default=str))

@@ -11,6 +11,7 @@ the column, the bad value and what is expected. Runs whose ``status`` says they 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,14 +110,42 @@ class RunsTable:
             parts += [looped.assign(variant=name), ctrl.assign(variant=name)]  # same runs, same run ids
         return RunsTable(pd.concat(parts, ignore_index=True), source=self.source, excluded=dict(self.excluded))
 
+    def seed_means(self) -> RunsTable:
+        """One row per design point (variant, r, N_once, N_rec, D): the mean val loss over its seeds.
+
+        The fit treats every run as a point; averaging seeds first weights each design point once and
+        fits the mean curve (the bootstrap resamples (C, r) cells either way, seeds inside them).
+        Adds ``n_seeds`` and ``val_loss_seed_sd`` (0 for a single seed).
+        """
+        df = self.df
+        key = pd.DataFrame({
+            "variant": df["variant"].astype(str), "r": df["r"],
+            **{c: [f"{v:.6g}" for v in df[c]] for c in ("N_once", "N_rec", "D")},
+        })
+        groups = df.assign(_g=pd.factorize(pd.MultiIndex.from_frame(key))[0]).groupby("_g", sort=True)
+        out = groups.head(1).drop(columns="_g").reset_index(drop=True)  # factorize numbers groups in row order
+        loss = groups["val_loss"]
+        out["val_loss"] = loss.mean().to_numpy()
+        out["n_seeds"] = loss.size().to_numpy()
+        out["val_loss_seed_sd"] = loss.std(ddof=1).fillna(0.0).to_numpy()
+        out["run_id"] = groups["run_id"].agg(lambda x: ";".join(map(str, x))).to_numpy()
+        return RunsTable(out, source=self.source, excluded=dict(self.excluded))
+
     def subset(self, mask: np.ndarray | pd.Series) -> RunsTable:
         return RunsTable(
             self.df[np.asarray(mask)].reset_index(drop=True), source=self.source, excluded=dict(self.excluded)
         )
 
 
-def load_runs(path: str | Path) -> RunsTable:
-    """Read a runs table (CSV, Parquet or sweep dir) and validate it."""
+def load_runs(path: str | Path | Sequence[str | Path]) -> RunsTable:
+    """Read a runs table (CSV, Parquet or sweep dir), or several as one (e.g. one sweep per seed)."""
+    if not isinstance(path, str | Path):
+        paths = list(path)
+        if not paths:
+            raise ConfigError("RUNS", "no runs table given", value="")
+        if len(paths) > 1:
+            return _load_many(paths)
+        path = paths[0]
     p = Path(path)
     if p.is_dir():
         df, source = _read_sweep_dir(p)
@@ -129,6 +158,24 @@ def load_runs(path: str | Path) -> RunsTable:
             value=str(p),
         )
     return validate_runs(df, source=source)
+
+
+def _load_many(paths: list[str | Path]) -> RunsTable:
+    """Several tables fitted as one: their runs together, each run once (a repeated run id is an error)."""
+    tables = [load_runs(p) for p in paths]
+    seen: dict[str, str] = {}
+    for t in tables:
+        for rid in t.df["run_id"].astype(str):
+            if rid in seen:
+                raise ConfigError("run_id", f"run {rid} is in both {seen[rid]} and {t.source}; give each run once "
+                                  "(a rerun with another seed has its own run ids)", value=rid, source=t.source)
+            seen[rid] = t.source
+    excluded: dict[str, int] = {}
+    for t in tables:
+        for k, n in t.excluded.items():
+            excluded[k] = excluded.get(k, 0) + n
+    df = pd.concat([t.df for t in tables], ignore_index=True)
+    return RunsTable(df, source=" + ".join(t.source for t in tables), excluded=excluded)
 
 
 def _read_file(p: Path) -> pd.DataFrame:

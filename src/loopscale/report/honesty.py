@@ -14,6 +14,8 @@ record of one variant and returns the label and every reason that applies:
 * one width per r (the fit's own warning)                 -> not identified
 * no bootstrap at all                                      -> "phi = x (uncertainty not estimated)"
 
+Caveats (shown with the label, whatever it is): phi above 1 or below 0, and a CI that includes 0 or 1.
+
 For reference, the paper's CI is 0.41-0.53 (width 0.12); synthetic tables on the paper's grid give
 widths 0.06-0.10 (docs/fit.md), so 0.5 only fails a fit that cannot tell phi = 0 from phi = 1 at
 roughly the 95% level.
@@ -125,6 +127,8 @@ def phi_verdict(fit: dict[str, Any], variant: str | None = None) -> Verdict:
     if conv is not None and conv < 0.9:
         caveats.append(f"only {conv:.0%} of bootstrap refits converged")
 
+    if "phi" not in (law.get("at_bounds") or []):  # at a bound the reason says it all
+        caveats += range_caveats(phi, ci)
     # dedupe, keep order
     reasons = list(dict.fromkeys(reasons))
     if reasons:
@@ -132,6 +136,20 @@ def phi_verdict(fit: dict[str, Any], variant: str | None = None) -> Verdict:
     if ci is None:
         return Verdict(name, True, f"φ = {phi:.3f} (uncertainty not estimated)", phi, None, level, [], caveats)
     return Verdict(name, True, f"φ = {phi:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]", phi, ci, level, [], caveats)
+
+
+def range_caveats(phi: float, ci: tuple[float, float] | None) -> list[str]:
+    """Where phi sits against the two readings that matter: 0 (a repeat is worth nothing), 1 (worth a block)."""
+    out = []
+    if phi > 1:
+        out.append(f"φ = {phi:.2f} > 1: a recurrence is worth more than a unique block, outside the paper's (0, 1)")
+    elif phi < 0:
+        out.append(f"φ = {phi:.2f} < 0: looping lowers capacity below the unique blocks run once")
+    if ci is not None:
+        for value, meaning in ((0.0, "a recurrence adds nothing"), (1.0, "a recurrence is worth a unique block")):
+            if ci[0] <= value <= ci[1]:
+                out.append(f"the CI includes φ = {value:g} ({meaning})")
+    return out
 
 
 def delta_phi_reading(d: dict[str, Any]) -> str:
