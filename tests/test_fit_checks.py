@@ -47,3 +47,18 @@ def test_a_law_that_ignores_the_loop_extrapolates_worse_across_r():
         err = law.predict(test.df) - test.df["val_loss"].to_numpy()
         rmse[name] = float((err**2).mean() ** 0.5)
     assert rmse["free"] < 0.02 < rmse["phi=1"]
+
+
+def test_restricted_fits_get_held_out_errors_and_the_wrong_phi_predicts_worse():
+    from loopscale.fit import FitSettings, fit_runs
+
+    settings = FitSettings(restarts=60, bootstrap=0, per_r=False, checks_restarts=30)
+    rec = fit_runs(synthetic_runs(0.46, seed=8), settings)["variants"]["baseline"]
+    free = rec["checks"]["held_out"]
+    lor = rec["checks"]["leave_one_r_out"]
+    pooled = (sum(x["n"] * x["rmse"] ** 2 for x in lor.values()) / sum(x["n"] for x in lor.values())) ** 0.5
+    assert free["leave_one_r_out_rmse"] == pytest.approx(pooled)
+    assert free["extrapolation_rmse"] == rec["checks"]["extrapolation"]["rmse"]
+    for key in ("phi=0", "phi=1"):  # phi = 0.46 is the truth: both restricted laws predict held-out runs worse
+        ho = rec["restricted"][key]["held_out"]
+        assert ho["leave_one_r_out_rmse"] > 1.5 * free["leave_one_r_out_rmse"], key

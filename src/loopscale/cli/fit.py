@@ -157,6 +157,8 @@ def _summary(result: dict[str, Any]) -> dict[str, Any]:
             "rmse": v["metrics"]["rmse"],
             "rmse_per_r": v["metrics"]["rmse_per_r"],
             "restricted_r2": {k: x["r2"] for k, x in v["restricted"].items()},
+            "held_out": {"free": (v.get("checks") or {}).get("held_out"),
+                         **{k: x.get("held_out") for k, x in v["restricted"].items()}},
             "converged": v["law"]["converged"],
             "at_bounds": v["law"]["at_bounds"],
         }
@@ -186,6 +188,11 @@ def _print_fit(result: dict[str, Any], markdown: bool) -> None:
         t.add_row("RMSE (nats)", _fmt(v["metrics"]["rmse"]), per_r)
         for key, rf in v["restricted"].items():
             t.add_row(f"R^2 restricted {key}", _fmt(rf["r2"]), f"RMSE {rf['rmse']:.4f}")
+        for label, ho in (("free", (v.get("checks") or {}).get("held_out")),
+                          *((k, rf.get("held_out")) for k, rf in v["restricted"].items())):
+            if ho:
+                t.add_row(f"held-out RMSE {label}", _fmt(ho["extrapolation_rmse"]),
+                          f"top budget; leave-one-r-out {_fmt(ho['leave_one_r_out_rmse'])}")
         for r, cf in v["per_r"].items():
             t.add_row(
                 f"R^2 Chinchilla r={r}",

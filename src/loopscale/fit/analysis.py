@@ -230,6 +230,9 @@ def fit_runs(
                     "converged": rl.converged_,
                     **_metrics(rl),
                 }
+                if settings.checks:
+                    rec["restricted"][f"phi={phi:g}"]["held_out"] = checks_mod.run_checks(
+                        rl, vruns, restarts=settings.checks_restarts, split=False)["held_out"]
         rec["per_r"] = {}
         if settings.per_r:
             for r in rs:

@@ -3,7 +3,9 @@
 * extrapolation: fit the budgets below the highest, predict the highest budget's runs;
 * leave-one-r-out: fit without one r, predict that r's runs;
 * half split: fit the lower and the upper half of the budgets separately and compare phi
-  (PAPER.md section 5: 0.44 / 0.49). With an odd number of budgets the middle one is in both.
+  (PAPER.md section 5: 0.44 / 0.49). With an odd number of budgets the middle one is in both;
+* held out: the first two as one RMSE each, for the free law and for the restricted ones (phi = 0, 1),
+  so "phi = 0 is worse" is judged on predictions, not only on R^2 in sample.
 
 Each refit uses the same settings as the main fit, warm-started from its optimum plus the usual
 random starts. Errors are on raw nats (prediction - observed).
@@ -104,9 +106,22 @@ def half_split(law: JointLaw, runs: RunsTable, restarts: int = 100) -> dict[str,
     return out
 
 
-def run_checks(law: JointLaw, runs: RunsTable, restarts: int = 100) -> dict[str, Any]:
+def held_out(extrap: dict[str, Any] | None, lor: dict[str, Any]) -> dict[str, float | None]:
+    """Two numbers to compare laws by what they predict: RMSE at the held-out top budget, and the
+    RMSE pooled over every leave-one-r-out prediction."""
+    pooled = None
+    if lor:
+        n = sum(x["n"] for x in lor.values())
+        pooled = float(np.sqrt(sum(x["n"] * x["rmse"] ** 2 for x in lor.values()) / n))
+    return {"extrapolation_rmse": None if extrap is None else extrap["rmse"], "leave_one_r_out_rmse": pooled}
+
+
+def run_checks(law: JointLaw, runs: RunsTable, restarts: int = 100, *, split: bool = True) -> dict[str, Any]:
+    """Every check of one law; ``split = False`` skips the half split (restricted fits: phi is fixed)."""
+    extrap, lor = extrapolation(law, runs, restarts), leave_one_r_out(law, runs, restarts)
     return {
-        "extrapolation": extrapolation(law, runs, restarts),
-        "leave_one_r_out": leave_one_r_out(law, runs, restarts),
-        "half_split": half_split(law, runs, restarts),
+        "extrapolation": extrap,
+        "leave_one_r_out": lor,
+        "half_split": half_split(law, runs, restarts) if split else None,
+        "held_out": held_out(extrap, lor),
     }

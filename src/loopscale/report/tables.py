@@ -100,6 +100,13 @@ def coefficients_table(ctx: ReportContext) -> Table:
     rows.append(["RMSE (nats/token)", num(m["rmse"]), per_r])
     for key, rf in (rec.get("restricted") or {}).items():
         rows.append([f"restricted fit {key.replace('phi', 'φ')}: R²", num(rf["r2"]), f"RMSE {rf['rmse']:.4f}"])
+    for label, ho in (("free fit", (rec.get("checks") or {}).get("held_out")),
+                      *((f"restricted fit {k.replace('phi', 'φ')}", rf.get("held_out"))
+                        for k, rf in (rec.get("restricted") or {}).items())):
+        if ho and ho.get("extrapolation_rmse") is not None:
+            lor = ho.get("leave_one_r_out_rmse")
+            rows.append([f"{label}: held-out RMSE, top budget", num(ho["extrapolation_rmse"]),
+                         "" if lor is None else f"leave-one-r-out {lor:.4f}"])
     for r, cf in (rec.get("per_r") or {}).items():
         cp = cf["params"]
         rows.append([f"Chinchilla fit r = {r} alone: R²", num(cf["r2"]), f"α {cp['alpha']:.3f}, β {cp['beta']:.3f}"])
