@@ -58,7 +58,7 @@ def test_study_preset_plans_longer_runs_with_loop_of_one_controls() -> None:
     assert min(spec.budgets) > max(load_spec("demo").budgets) / 2 and spec.variants["loop1"].r == [1]
     plan = make_plan(spec)
     assert not any(w.startswith("refused") for r in plan.rows for w in r.warnings)
-    assert plan.by_variant() == {"baseline": 28, "loop1": 7} and 3e13 < plan.total_flops < 1e14
+    assert plan.by_variant() == {"baseline": 32, "loop1": 8} and 3e13 < plan.total_flops < 1e14
 
 
 def test_run_ids_are_stable_and_readable() -> None:
