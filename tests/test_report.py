@@ -256,6 +256,23 @@ def test_caveats_say_where_phi_and_its_ci_sit_against_0_and_1(report):
     assert any("includes φ = 0" in c for c in phi_verdict(doc).caveats)
 
 
+def test_refits_against_controls_are_stated_beside_the_headline(report):
+    from types import SimpleNamespace
+
+    from loopscale.report.render import control_refits
+
+    doc = json.loads((report[0].parent / "fit.json").read_text())
+    ctrl = copy.deepcopy(doc["variants"]["baseline"])
+    ctrl["law"]["params"]["phi"], ctrl["bootstrap"]["ci"]["phi"] = 0.75, [0.59, 1.11]
+    doc["variants"]["baseline@loop1"] = ctrl
+    doc["variants"]["other@loop1"] = ctrl  # another recipe's refit: not this page's
+    lines = control_refits(SimpleNamespace(fit=doc, variant="baseline"))
+    assert len(lines) == 1 and "'loop1' (baseline@loop1): φ̂ = 0.750 [0.590, 1.110]" in lines[0]
+    assert "0.52 wide" in lines[0] and "includes φ = 1" in lines[0]
+    assert control_refits(SimpleNamespace(fit=json.loads((report[0].parent / "fit.json").read_text()),
+                                          variant="baseline")) == []
+
+
 def test_axes_table_without_a_loss_column_is_a_one_line_error():
     with pytest.raises(ConfigError, match="loss: missing column"):
         read_axes(pd.DataFrame({"r": [1], "axis": ["math"], "accuracy": [0.5]}))

@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loopscale.fit.paper import PAPER_COEFFICIENTS, PAPER_PHI_CI
+from loopscale.fit.table import CONTROL_SEP
 from loopscale.report.context import ReportContext
-from loopscale.report.honesty import NOT_IDENTIFIED, delta_phi_reading
+from loopscale.report.honesty import NOT_IDENTIFIED, delta_phi_reading, phi_verdict
 from loopscale.report.tables import Table, ci_txt, num
 
 
@@ -114,6 +115,7 @@ nav ol { columns: 2; margin: 6px 0; }
 figure { margin: 10px 0; }
 figure img { display: block; max-width: 100%; height: auto; border: 1px solid var(--line); }
 figcaption, .note { color: var(--muted); font-size: 13px; }
+.control { font-weight: 600; }
 .how { margin: 4px 0 8px; }
 .missing { border: 2px dashed #999; border-radius: 8px; padding: 22px; color: #444; font-size: 17px;
            font-weight: 600; text-align: center; background: #f6f6f6; }
@@ -179,6 +181,7 @@ def headline(ctx: ReportContext) -> dict[str, Any]:
         "label": v.label,
         "identified": v.identified,
         "reasons": v.reasons,
+        "controls": control_refits(ctx),
         "variant": ctx.variant,
         "facts": facts,
         "gaps": gaps,
@@ -190,6 +193,22 @@ def headline(ctx: ReportContext) -> dict[str, Any]:
             f"[{PAPER_PHI_CI[0]}, {PAPER_PHI_CI[1]}]"
         ),
     }
+
+
+def control_refits(ctx: ReportContext) -> list[str]:
+    """One line per re-fit of this recipe against control r = 1 runs (``V@C``): loopscale's main CPU-scale
+    result, so it belongs beside the headline, not only in the variants table."""
+    out = []
+    for name in ctx.fit.get("variants") or {}:
+        if name.startswith(f"{ctx.variant}{CONTROL_SEP}"):
+            o = phi_verdict(ctx.fit, name)
+            est = "φ undetermined" if o.phi is None else f"φ̂ = {o.phi:.3f} {ci_txt(o.ci, 3)}"
+            why = f" — {NOT_IDENTIFIED} ({'; '.join(o.reasons)})" if not o.identified else " — identified"
+            control = name.split(CONTROL_SEP, 1)[1]
+            extra = "; ".join(c for c in o.caveats if c.startswith(("the CI", "φ =")))
+            line = f"the looped runs against the r = 1 runs of '{control}' ({name}): {est}{why}"
+            out.append(line + (f"; {extra}" if extra else ""))
+    return out
 
 
 def _esc(s: str) -> str:
@@ -213,6 +232,8 @@ def render_html(ctx: ReportContext, panels: list[Panel], top_tables: list[Table]
     if h["reasons"]:
         out.append("<p><b>Why:</b></p><ul>" + "".join(f"<li>{_esc(r)}</li>" for r in h["reasons"]) + "</ul>")
         out.append("<p>The figures and numbers below describe these runs; do not quote φ from them.</p>")
+    for c in h["controls"]:
+        out.append(f'<p class="control">{_esc(c)}</p>')
     out.append(f'<p class="note">{_esc(h["paper"])}</p></section>')
     out.append('<section id="facts"><div class="facts">' + "".join(f"<div>{_esc(f)}</div>" for f in h["facts"]))
     if h["gaps"]:
@@ -280,6 +301,7 @@ def render_markdown(ctx: ReportContext, panels: list[Panel], top_tables: list[Ta
         out.append("**Why:**")
         out += [f"- {r}" for r in h["reasons"]]
         out += ["", "The figures and numbers below describe these runs; do not quote φ from them."]
+    out += [""] + [f"- {c}" for c in h["controls"]]
     out += ["", f"_{h['paper']}_", ""]
     out += [f"- {f}" for f in h["facts"]]
     if h["gaps"]:
