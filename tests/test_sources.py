@@ -119,3 +119,22 @@ def test_tokenizer_train_cli_then_training_with_the_bpe(tmp_path: Path) -> None:
     assert res["status"] == "ok" and res["val_loss"] < np.log(300)
     with pytest.raises(ConfigError, match=r"model.vocab_size: smaller than the tokenizer's vocabulary \(300\)"):
         train(load_train_config(None, [*sets, "model.vocab_size=257"]), tmp_path / "run2", progress=False)
+
+
+def test_a_bpe_trained_on_the_embedded_default_tokenizes_the_default_mixture(tmp_path: Path, capsys) -> None:
+    from loopscale.cli import run_app
+    from loopscale.data.hf_tokenizer import HFTokenizer
+
+    tok = tmp_path / "bpe.json"
+    assert run_app(["tokenizer", "train", "--default", "--vocab-size", "300", "--out", str(tok)]) == 0
+    assert "bytes/token" in capsys.readouterr().out
+    t = HFTokenizer(tok)
+    bpe = load_token_data(DataConfig(tokenizer=str(tok)), 64, use_cache=False)
+    raw = load_token_data(DataConfig(), 64, use_cache=False)
+    assert bpe.tokenizer.vocab_size == 300 and int(bpe.train.max()) < 300
+    assert bpe.train.numel() < 0.8 * raw.train.numel()  # merges shorten the same documents
+    assert bool((bpe.train == t.bos_id).any())  # documents still separated by the BPE's BOS
+    text = t.decode(bpe.val[0].tolist())
+    assert len(text) > 64 and sum(c.isalpha() for c in text) > 0.5 * len(text)
+    assert run_app(["tokenizer", "train", "--default", str(tmp_path), "--out", str(tok)]) == 2
+    assert "not both" in capsys.readouterr().err

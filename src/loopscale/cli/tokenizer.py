@@ -14,7 +14,9 @@ app.add_typer(tok_app, name="tokenizer")
 
 @tok_app.command("train")
 def train_tokenizer(
-    paths: list[str] = typer.Argument(..., help="Files or folders: .txt/.md, or .jsonl/.parquet with --source."),
+    paths: list[str] = typer.Argument(None, help="Files or folders: .txt/.md, or .jsonl/.parquet with --source."),
+    default: bool = typer.Option(False, "--default", help="Train on the embedded default mixture's training "
+                                 "documents (plays + task world, data.seed 0) instead of PATHS."),
     vocab_size: int = typer.Option(1024, "--vocab-size", help="Including the 256 byte tokens and <|bos|>."),
     out: Path = typer.Option(Path("tokenizer.json"), "--out", "-o"),
     source: str = typer.Option("text", help="text | jsonl | parquet"),
@@ -28,13 +30,22 @@ def train_tokenizer(
 
     if source not in ("text", "jsonl", "parquet"):
         raise ConfigError("--source", "expected text, jsonl or parquet", value=source)
-    files = sources.expand_paths(paths, _SUFFIXES[source], "paths")
-    if source == "text":
-        docs = sources.read_text_files(files)
-    elif source == "jsonl":
-        docs = sources.read_jsonl(files, text_field)
+    if default == bool(paths):
+        raise ConfigError("paths", "give files or folders, or --default (the embedded mixture), not both",
+                          value=" ".join(paths or []))
+    if default:
+        from loopscale.data.config import DataConfig
+        from loopscale.data.mixture import build_default
+
+        docs = list(build_default(DataConfig()).train_docs)
     else:
-        docs = sources.read_parquet(files, text_field)
+        files = sources.expand_paths(paths, _SUFFIXES[source], "paths")
+        if source == "text":
+            docs = sources.read_text_files(files)
+        elif source == "jsonl":
+            docs = sources.read_jsonl(files, text_field)
+        else:
+            docs = sources.read_parquet(files, text_field)
     path = train_bpe(docs, vocab_size, out)
     tok = HFTokenizer(path)
     n_bytes = sum(len(d.encode()) for d in docs)

@@ -179,10 +179,7 @@ def load_token_data(cfg: DataConfig, seq_len: int, *, use_cache: bool = True) ->
             return TokenData(blob["train"], blob["val"], tokenizer, blob["fingerprint"])
         except Exception:  # a corrupt cache entry is rebuilt, never trusted
             path.unlink(missing_ok=True)
-    if cfg.source == "default":
-        if cfg.tokenizer != "bytes":
-            raise ConfigError("data.tokenizer", "the embedded default is byte-level; BPE is for your own data "
-                              "(or train one with `loopscale tokenizer train`)", value=cfg.tokenizer)
+    if cfg.source == "default":  # bytes, or a BPE (e.g. `loopscale tokenizer train --default`)
         data = build_default(cfg)
         train = pack_texts(data.train_docs, tokenizer, seq_len, seed=cfg.seed)
         val = pack_texts(data.val_docs, tokenizer, seq_len, seed=cfg.seed, shuffle=False)
