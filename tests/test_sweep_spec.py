@@ -58,7 +58,8 @@ def test_study_preset_plans_longer_runs_with_loop_of_one_controls() -> None:
     assert min(spec.budgets) > max(load_spec("demo").budgets) / 2 and spec.variants["loop1"].r == [1]
     plan = make_plan(spec)
     assert not any(w.startswith("refused") for r in plan.rows for w in r.warnings)
-    assert plan.by_variant() == {"baseline": 32, "loop1": 8} and 3e13 < plan.total_flops < 1e14
+    assert spec.seeds == [0, 1] and spec.seed_data
+    assert plan.by_variant() == {"baseline": 64, "loop1": 16} and 1e14 < plan.total_flops < 2e14
 
 
 def test_run_ids_are_stable_and_readable() -> None:
@@ -226,3 +227,17 @@ def test_width_rule_can_centre_on_a_fit_file(tmp_path: Path) -> None:
     data["sweep"]["widths"] = {**rule, "coefficients": "missing.json"}
     with pytest.raises(ConfigError, match=r"sweep\.widths\.coefficients: expected 'paper' or a fit file"):
         spec_from_dict(data, base_dir=tmp_path)
+
+
+def test_fit_table_sets_the_demo_fit_and_rejects_bad_values() -> None:
+    assert spec_from_dict(tiny_spec()).fit.delta == 1e-3  # the paper's fit by default
+    spec = spec_from_dict({**tiny_spec(), "fit": {"loss": "mse", "delta": 0.02}})
+    assert (spec.fit.loss, spec.fit.delta) == ("mse", 0.02) and "[fit]" in spec.resolved_text()
+    with pytest.raises(ConfigError, match=r"fit.delta"):
+        spec_from_dict({**tiny_spec(), "fit": {"delta": 0}})
+    with pytest.raises(ConfigError, match=r"fit.los"):
+        spec_from_dict({**tiny_spec(), "fit": {"los": "mse"}})
+    with pytest.raises(ConfigError, match=r"unknown table; expected .*\[slurm\], \[fit\]"):
+        spec_from_dict({**tiny_spec(), "fitting": {}})
+    for preset in ("quick", "demo", "study"):  # the CPU presets fit at their noise scale (docs/cpu-scale.md)
+        assert load_spec(preset).fit.delta == 0.02, preset

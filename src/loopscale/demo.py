@@ -40,7 +40,9 @@ def run_demo(out: str | Path = "demo", *, preset: str = "demo", bootstrap: int |
     run_sweep(spec, store, progress=progress, console=con)
     df, counts = runs_table(store)
     runs_csv, _ = write_table(df, out / "runs.csv")
-    con.print(f"runs table: {runs_csv} ({counts})", highlight=False)
+    missing = ", ".join(f"{n} {status}" for status, n in counts.items())
+    con.print(f"runs table: {runs_csv} ({len(df)} runs" + (f"; without a result: {missing})" if missing else ")"),
+              highlight=False)
 
     con.rule("[bold]2/4 fit[/]")
     defaults = FitSettings()
@@ -48,7 +50,8 @@ def run_demo(out: str | Path = "demo", *, preset: str = "demo", bootstrap: int |
     for control in [name for name, v in spec.variants.items() if v.r == [1]]:  # e.g. loop-of-one r = 1 runs
         if (table.df["variant"] == control).any():
             table = table.with_r1_control(control)
-    settings = FitSettings(bootstrap=bootstrap if bootstrap is not None else defaults.bootstrap,
+    settings = FitSettings(loss=spec.fit.loss, delta=spec.fit.delta,
+                           bootstrap=bootstrap if bootstrap is not None else defaults.bootstrap,
                            restarts=restarts if restarts is not None else defaults.restarts,
                            template=template_from_table(table.df))
     fit = fit_runs(table, settings, progress=lambda m: con.print(f"  {m}", highlight=False))

@@ -50,6 +50,13 @@ class Checks(StrictModel):
     budget_tolerance: float = Field(0.05, gt=0, description="warn when whole steps miss C by more")
 
 
+class FitTable(StrictModel):
+    """``[fit]``: how ``loopscale demo`` fits this sweep (``loopscale fit`` takes the same as options)."""
+
+    loss: Literal["huber", "mse"] = Field("huber", description="objective (the paper's: huber)")
+    delta: float = Field(1e-3, gt=0, description="Huber delta in log space (the paper's: 1e-3)")
+
+
 class SweepTable(StrictModel):
     name: str = Field(..., description="sweep name; the default sweep dir is sweeps/<name>")
     budgets: list[float] = Field(..., description="FLOP budgets C")
@@ -138,6 +145,7 @@ class SweepSpec:
     variants: dict[str, Variant]
     train: dict[str, Any]
     executors: dict[str, dict[str, Any]] = field(default_factory=dict)  # [local], [slurm] tables
+    fit: FitTable = field(default_factory=FitTable)
     raw: dict[str, Any] = field(default_factory=dict)
     _runs: list[RunSpec] | None = field(default=None, repr=False)
 
@@ -220,9 +228,10 @@ def load_spec(spec: str | Path, overrides: list[str] | None = None) -> SweepSpec
 
 
 def spec_from_dict(data: dict[str, Any], *, source: str = "spec", base_dir: Path | None = None) -> SweepSpec:
-    unknown = sorted(set(data) - {"sweep", "train", "local", "slurm"})
+    unknown = sorted(set(data) - {"sweep", "train", "local", "slurm", "fit"})
     if unknown:
-        raise ConfigError(unknown[0], "unknown table; expected [sweep], [train], [local], [slurm]", source=source)
+        raise ConfigError(unknown[0], "unknown table; expected [sweep], [train], [local], [slurm], [fit]",
+                          source=source)
     if "sweep" not in data:
         raise ConfigError("sweep", "missing table [sweep] (name, budgets, r, widths)", source=source)
     raw_sweep = data["sweep"]
@@ -294,6 +303,7 @@ def spec_from_dict(data: dict[str, Any], *, source: str = "spec", base_dir: Path
         seed_data=table.seed_data, max_retries=table.max_retries, checks=table.checks, widths=widths,
         width_unit=unit, width_rule=rule, variants=variants, train=train,
         executors={k: dict(data.get(k) or {}) for k in ("local", "slurm")}, raw=raw,
+        fit=validate(FitTable, data.get("fit") or {}, source=source, prefix="fit"),
     )
     spec.runs()  # build every config now: errors surface at load time, naming the run
     return spec
