@@ -14,7 +14,7 @@ def demo(
     out: Path = typer.Option(Path("demo"), "--out", "-o", help="Output dir (sweep, runs.csv, fit.json, report/)."),
     quick: bool = typer.Option(False, "--quick", help="20 tiny runs, ~3 min: for CI and first contact."),
     preset: str = typer.Option("demo", "--preset",
-                               help="demo (~17 min on 2 cores), study (~50 min) or quick (= --quick)."),
+                               help="demo (~17 min on 2 cores), study (~2 h 10 min) or quick (= --quick)."),
     bootstrap: int | None = typer.Option(None, help="Bootstrap resamples (default 200)."),
     no_progress: bool = typer.Option(False, "--no-progress"),
 ) -> None:
