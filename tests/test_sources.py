@@ -137,4 +137,6 @@ def test_a_bpe_trained_on_the_embedded_default_tokenizes_the_default_mixture(tmp
     text = t.decode(bpe.val[0].tolist())
     assert len(text) > 64 and sum(c.isalpha() for c in text) > 0.5 * len(text)
     assert run_app(["tokenizer", "train", "--default", str(tmp_path), "--out", str(tok)]) == 2
-    assert "not both" in capsys.readouterr().err
+    assert "exactly one of the two" in capsys.readouterr().err
+    assert run_app(["tokenizer", "train", "--out", str(tok)]) == 2  # neither
+    assert "exactly one of the two" in capsys.readouterr().err

@@ -31,7 +31,7 @@ def train_tokenizer(
     if source not in ("text", "jsonl", "parquet"):
         raise ConfigError("--source", "expected text, jsonl or parquet", value=source)
     if default == bool(paths):
-        raise ConfigError("paths", "give files or folders, or --default (the embedded mixture), not both",
+        raise ConfigError("paths", "give files or folders, or --default (the embedded mixture): exactly one of the two",
                           value=" ".join(paths or []))
     if default:
         from loopscale.data.config import DataConfig
