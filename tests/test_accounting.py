@@ -38,6 +38,7 @@ def test_flops_per_token_fixture_s10_r1() -> None:
     assert cfg.vocab_padded == 32064
     F = acc.train_flops_per_token(cfg)
     assert abs(F / 1.0275e9 - 1) < 5e-4
+    assert F == 1_027_676_160  # the paper code's estimate_flops (block norm scales included)
     assert abs(acc.tokens_for_budget(cfg, 1e18) / 0.973e9 - 1) < 5e-4
 
 
@@ -54,7 +55,7 @@ def test_injection_overhead_is_r_over_120_of_r1(r: int) -> None:
 
 def test_truncated_bptt_charges_detached_recurrences_forward_only() -> None:
     full, trunc = paper(10, 8), paper(10, 8, bptt_k=4)
-    rec = 2 * 12 * 640**2 + 2 * 640**2  # two recurrent blocks + injection, per recurrence
+    rec = 2 * (12 * 640**2 + 2 * 640) + 2 * 640**2  # two recurrent blocks (with norm scales) + injection
     hqT = 5 * 128 * 2048
     detached_layers = 4 * 2  # r - k = 4 recurrences of 2 blocks
     saved = 4 * (6 - 2) * rec + detached_layers * (12 - 4) * hqT  # 6x->2x matmuls, 12hqT->4hqT attention

@@ -52,10 +52,30 @@ def test_param_groups_cover_every_parameter_once() -> None:
     assert len(g["scalar"]) == 3 and all(p.dim() == 2 for p in g["matrix"])
 
 
-def test_vocab_is_padded_to_a_multiple_of_64_and_width_from_s() -> None:
+def test_vocab_is_padded_to_a_multiple_of_64_but_logits_cover_the_real_vocabulary_only() -> None:
     cfg = ModelConfig(s=2, head_dim=32, vocab_size=257, L_eff=6, r=2)
     assert cfg.width == 128 and cfg.vocab_padded == 320
-    assert LoopedLM(cfg)(torch.zeros(1, 4, dtype=torch.long)).shape == (1, 4, 320)
+    model = LoopedLM(cfg)
+    assert model.head.weight.shape == (320, 128)
+    assert model(torch.zeros(1, 4, dtype=torch.long)).shape == (1, 4, 257)
+
+
+def test_the_loss_ignores_padded_vocabulary_ids_as_the_papers_code_does() -> None:
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, head_dim=16, vocab_size=70, L_eff=4, r=2, n_prelude=1, n_coda=1, seq_len=8)
+    model = LoopedLM(cfg)
+    x, y = torch.randint(0, 70, (2, 8)), torch.randint(0, 70, (2, 8))
+    before = model(x, y)
+    with torch.no_grad():  # padded head rows that would dominate a softmax over all 128 ids
+        model.head.weight[70:].fill_(1.0)
+    torch.testing.assert_close(model(x, y), before, rtol=0, atol=0)
+    logits = model(x)
+    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, 70), y.reshape(-1))
+    torch.testing.assert_close(before, expected, rtol=0, atol=0)
+    per_token = model(x, y, reduction="none")
+    assert per_token.shape == (16,) and torch.allclose(per_token.mean(), expected)
+    y[0, 0] = -1  # ignored target
+    assert torch.isfinite(model(x, y))
 
 
 def test_init_follows_the_paper() -> None:
@@ -102,7 +122,7 @@ def test_hyperconnect_at_init_equals_plain_residual_loop(r: int) -> None:
         for _ in range(r):  # every lane carries the same stream h <- h + norm_recur(recur(h))
             h = h + m.norm_recur(m._stack(m.recur, h, None))
         y = m._stack(m.coda, K * h, None)
-        ref = 15 * torch.tanh(m.head(m.norm_final(y)).float() / 15)
+        ref = 15 * torch.tanh(m.head(m.norm_final(y))[..., : m.cfg.vocab_size].float() / 15)
     torch.testing.assert_close(got, ref)
 
 

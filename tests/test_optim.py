@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from loopscale.accounting import reference_tokens
 from loopscale.config import validate
 from loopscale.errors import ConfigError
 from loopscale.optim import (
@@ -20,14 +21,16 @@ from loopscale.optim import (
     linear_decay,
     lr_schedule,
     newton_schulz5,
+    orthogonalize,
     resolve_lrs,
     transfer_factors,
     wsd,
 )
 from loopscale.optim.config import TOKENS_REF
+from loopscale.optim.muonh import POLAR_EXPRESS_COEFFS
 
 PAPER_LRS = {"matrix": 0.014, "embed": 0.3, "head": 0.004, "norm": 0.005, "scalar": 0.01}
-REF = {"d_model": 640, "tokens_per_step": 2**18, "total_tokens": TOKENS_REF}
+REF = {"d_model": 640, "tokens_per_step": 2**18, "total_tokens": reference_tokens(1), "r": 1}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -82,7 +85,7 @@ def _train(model: Tiny, opt, steps: range, total: int) -> None:
 
 def _build(model: Tiny, **cfg) -> object:
     return build_optimizers(model.param_groups(), OptimConfig(**cfg), d_model=8, tokens_per_step=48,
-                            total_tokens=48 * 30)
+                            total_tokens=48 * 30, r=2)
 
 
 # ---- MuonH -------------------------------------------------------------------------------------------
@@ -129,6 +132,55 @@ def test_newton_schulz5_batches_same_shape_matrices_like_one_at_a_time():
     batched = newton_schulz5(g)
     for i in range(3):
         torch.testing.assert_close(batched[i], newton_schulz5(g[i]), atol=1e-5, rtol=1e-5)
+
+
+def test_polar_express_maps_singular_values_closer_to_one_than_ns5_in_fp32_and_bf16():
+    torch.manual_seed(0)
+    u, _ = torch.linalg.qr(torch.randn(64, 64))
+    v, _ = torch.linalg.qr(torch.randn(64, 64))
+    mats = [torch.randn(*s) for s in [(32, 96), (96, 32), (16, 48)]]
+    mats.append(u @ torch.diag(torch.logspace(-2, 0, 64)) @ v.T)
+    for g in mats:
+        for dtype in (torch.float32, torch.bfloat16):
+            o = orthogonalize(g, dtype=dtype)
+            assert o.dtype == dtype and o.shape == g.shape
+            s = torch.linalg.svdvals(o.float())
+            assert s.min().item() >= 0.8 and s.max().item() <= 1.2, (tuple(g.shape), dtype, s.min(), s.max())
+        ns5 = torch.linalg.svdvals(newton_schulz5(g))
+        pe = torch.linalg.svdvals(orthogonalize(g))
+        assert (pe - 1).abs().max() < (ns5 - 1).abs().max()
+
+
+def test_polar_express_has_coefficients_for_at_most_five_steps():
+    with pytest.raises(ValueError, match=r"1\.\.5 steps"):
+        orthogonalize(torch.randn(4, 4), steps=6)
+    with pytest.raises(ConfigError, match="at most 5"):
+        validate(OptimConfig, {"ns_steps": 6})
+    assert OptimConfig(ns_steps=6, orthogonalizer="ns5").ns_steps == 6
+
+
+def test_muonh_step_in_bfloat16_equals_the_paper_codes_update_arithmetic():
+    """The paper's muon_step_fused: Nesterov, bf16 Polar Express, scale to rho and step in bf16, re-project."""
+    torch.manual_seed(0)
+    w0 = torch.randn(24, 8) * 0.3
+    grads = [torch.randn(24, 8) for _ in range(3)]
+    w = nn.Parameter(w0.clone())
+    opt = MuonH([w], lr=0.014, ns_dtype="bfloat16")
+    ref, buf, rho = w0.clone().unsqueeze(0), torch.zeros(1, 24, 8), w0.norm(dim=(-2, -1), keepdim=True)
+    for g in grads:
+        w.grad = g.clone()
+        opt.step()
+        gg = g.clone().unsqueeze(0)
+        buf.lerp_(gg, 1 - 0.95)
+        X = gg.lerp_(buf, 0.95).bfloat16()
+        X = X / (X.norm(dim=(-2, -1), keepdim=True) * 1.02 + 1e-6)
+        for a, b, c in POLAR_EXPRESS_COEFFS:  # tall: the paper multiplies on the right
+            A = X.mT @ X
+            X = a * X + X @ (b * A + c * (A @ A))
+        X = X * (rho.bfloat16() / X.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))
+        ref.sub_(torch.tensor(0.014).bfloat16() * X)
+        ref.mul_(rho / ref.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))
+    torch.testing.assert_close(w.detach(), ref[0], atol=2e-6, rtol=0)
 
 
 def test_newton_schulz5_computes_in_the_requested_dtype_and_returns_the_input_dtype():
@@ -220,8 +272,8 @@ def test_set_lr_applies_the_multiplier_to_every_group_base_lr():
     opt = build_optimizers(Tiny().param_groups(), OptimConfig(), **REF)
     opt.set_lr(0.5)
     assert opt.lrs == pytest.approx({k: 0.5 * v for k, v in PAPER_LRS.items()})
-    assert opt.set_lr_for_step(99, 100) == pytest.approx(0.1)
-    assert opt.lrs == pytest.approx({k: 0.1 * v for k, v in PAPER_LRS.items()})
+    assert opt.set_lr_for_step(99, 100) == pytest.approx(0.109)
+    assert opt.lrs == pytest.approx({k: 0.109 * v for k, v in PAPER_LRS.items()})
 
 
 def test_plain_adamw_trains_every_group_with_one_optimiser():
@@ -280,41 +332,64 @@ def test_transfer_scales_with_the_paper_exponents():
     base = resolve_lrs(cfg, **REF)
     wide = resolve_lrs(cfg, **{**REF, "d_model": 4 * 640})
     big_batch = resolve_lrs(cfg, **{**REF, "tokens_per_step": 2**20})
-    long = resolve_lrs(cfg, **{**REF, "total_tokens": 10 * TOKENS_REF})
+    long = resolve_lrs(cfg, **{**REF, "total_tokens": 10 * REF["total_tokens"]})
     for k in PAPER_LRS:
         assert wide[k] / base[k] == pytest.approx(1.0 if k == "matrix" else 4**-0.5)
-        assert big_batch[k] / base[k] == pytest.approx(4**0.558)
+        assert big_batch[k] / base[k] == pytest.approx(4**0.558 if k in ("matrix", "embed", "head") else 1.0)
         assert long[k] / base[k] == pytest.approx(10**-0.32 if k == "matrix" else 1.0)
-    f = transfer_factors(cfg, d_model=1280, tokens_per_step=2**17, total_tokens=2 * TOKENS_REF)
+    f = transfer_factors(cfg, d_model=1280, tokens_per_step=2**17, total_tokens=2 * reference_tokens(4), r=4)
     assert f == pytest.approx({"width": 2**-0.5, "batch": 2**-0.558, "data": 2**-0.32})
+
+
+def test_the_paper_batch_scales_neither_norm_nor_lane_scalar_lrs():
+    half = resolve_lrs(OptimConfig(), **{**REF, "tokens_per_step": 2**17})
+    assert half["norm"] == pytest.approx(0.005) and half["scalar"] == pytest.approx(0.01)
+    assert half["embed"] == pytest.approx(0.3 * 2**-0.558)
+
+
+def test_the_data_rule_reference_depends_on_r_as_in_the_papers_code():
+    # 10 x effective params of the s = 10 reference (0+20+0 passthrough / 2+4x4+2 linear) with the run's r
+    assert [reference_tokens(r) for r in (1, 2, 4, 8)] == [983315200, 606380800, 1016083200, 1835488000]
+    D = 5e8
+    per_r = {r: resolve_lrs(OptimConfig(), **{**REF, "total_tokens": D, "r": r})["matrix"] for r in (1, 2, 4, 8)}
+    for r, lr in per_r.items():
+        assert lr == pytest.approx(0.014 * (D / reference_tokens(r)) ** -0.32)
+    fixed = {r: resolve_lrs(OptimConfig(tokens_ref=TOKENS_REF), **{**REF, "total_tokens": D, "r": r})["matrix"]
+             for r in (1, 2, 4, 8)}
+    assert len(set(fixed.values())) == 1 and fixed[1] == pytest.approx(0.014 * (D / TOKENS_REF) ** -0.32)
 
 
 def test_transfer_off_applies_only_lr_scale_and_d_ref_is_configurable():
     off = resolve_lrs(OptimConfig(transfer=False, lr_scale=2.0), d_model=64, tokens_per_step=8,
-                      total_tokens=1e3)
+                      total_tokens=1e3, r=4)
     assert off == pytest.approx({k: 2 * v for k, v in PAPER_LRS.items()})
     moved = resolve_lrs(OptimConfig(tokens_ref=1e9, d_ref=128), d_model=128, tokens_per_step=2**18,
-                        total_tokens=1e9)
+                        total_tokens=1e9, r=2)
     assert moved == pytest.approx(PAPER_LRS)
 
 
 def test_plain_adamw_matrix_lr_takes_the_width_and_data_rules():
     cfg = OptimConfig(name="adamw")
     base = resolve_lrs(cfg, **REF)
-    moved = resolve_lrs(cfg, **{**REF, "d_model": 2560, "total_tokens": 10 * TOKENS_REF})
+    moved = resolve_lrs(cfg, **{**REF, "d_model": 2560, "total_tokens": 10 * REF["total_tokens"]})
     assert moved["matrix"] / base["matrix"] == pytest.approx(4**-0.5 * 10**-0.32)
 
 
 def test_transfer_rejects_non_positive_run_sizes():
     with pytest.raises(ConfigError, match="tokens_per_step"):
-        resolve_lrs(OptimConfig(), d_model=640, tokens_per_step=0, total_tokens=1e9)
+        resolve_lrs(OptimConfig(), d_model=640, tokens_per_step=0, total_tokens=1e9, r=1)
+    with pytest.raises(ConfigError, match="tokens_ref"):
+        validate(OptimConfig, {"tokens_ref": -1.0})
 
 
 # ---- schedules ---------------------------------------------------------------------------------------
-def test_linear_decay_is_one_at_step_zero_and_final_frac_at_the_last_step():
-    assert linear_decay(0, 100) == 1.0
-    assert linear_decay(99, 100) == pytest.approx(0.1, abs=1e-15)
-    assert linear_decay(49.5, 100) == pytest.approx(0.55)  # linear in between
+def test_linear_decay_is_the_paper_codes_multiplier_reaching_final_frac_one_step_past_the_end():
+    # scripts/base_train.py get_lr_multiplier with warmdown_ratio 1: p + (1 - p) 0.1, p = (N - it) / N
+    for n in (1, 7, 100):
+        for it in range(n):
+            p = (n - it) / n
+            assert linear_decay(it, n) == pytest.approx(p + (1 - p) * 0.1, abs=1e-15)
+    assert linear_decay(99, 100) == pytest.approx(0.109)  # the last trained step
     assert linear_decay(150, 100) == pytest.approx(0.1)  # stays at the floor past the end
     assert linear_decay(0, 1) == 1.0
 
@@ -324,23 +399,24 @@ def test_cosine_warms_up_then_falls_to_its_floor():
     assert vals[0] == pytest.approx(0.1) and vals[9] == 1.0
     assert all(a < b for a, b in itertools.pairwise(vals[:10]))
     assert all(a >= b for a, b in itertools.pairwise(vals[9:]))
-    assert vals[-1] == pytest.approx(0.05)
-    mid = 9 + (99 - 9) / 2
+    assert vals[-1] == pytest.approx(0.05, abs=1e-3) and vals[-1] > 0.05
+    assert cosine(100, 100, final_lr_frac=0.05, warmup_frac=0.1) == pytest.approx(0.05)
+    mid = 10 + (100 - 10) / 2
     assert cosine(mid, 100, final_lr_frac=0.05, warmup_frac=0.1) == pytest.approx(0.525)
 
 
 def test_wsd_is_flat_then_decays_linearly_over_its_decay_fraction():
-    vals = [wsd(s, 101, decay_frac=0.2) for s in range(101)]
-    assert vals[:81] == [1.0] * 81
-    assert vals[90] == pytest.approx(0.55) and vals[100] == pytest.approx(0.1)
+    vals = [wsd(s, 101, decay_frac=0.2) for s in range(101)]  # the paper's warmdown: round(0.2 * 101) = 20
+    assert vals[:82] == [1.0] * 82
+    assert vals[91] == pytest.approx(0.55) and vals[100] == pytest.approx(0.1 + 0.9 / 20)
     assert [wsd(s, 50, decay_frac=1.0) for s in range(50)] == pytest.approx(
         [linear_decay(s, 50) for s in range(50)])
 
 
 def test_lr_schedule_picks_the_configured_shape():
-    assert lr_schedule(OptimConfig())(99, 100) == pytest.approx(0.1)
+    assert lr_schedule(OptimConfig())(99, 100) == pytest.approx(0.109)
     assert lr_schedule(OptimConfig(schedule="wsd", decay_frac=0.5))(10, 101) == 1.0
-    assert lr_schedule(OptimConfig(schedule="cosine", final_lr_frac=0.0))(99, 100) == pytest.approx(0.0)
+    assert lr_schedule(OptimConfig(schedule="cosine", final_lr_frac=0.0))(100, 100) == pytest.approx(0.0)
     with pytest.raises(ValueError, match="total_steps"):
         linear_decay(0, 0)
 

@@ -24,19 +24,56 @@ def tiny_spec(**sweep) -> dict:
     return spec
 
 
-def test_paper_preset_plans_116_runs_per_recipe_plus_the_probes_looped_runs() -> None:
+def test_paper_preset_plans_116_baseline_runs_plus_the_probes_looped_runs_on_their_own_grids() -> None:
     spec = load_spec("paper")
     runs = spec.runs()
     base = [rs for rs in runs if rs.variant == "baseline"]
-    assert len(base) == 116 and len(runs) == 116 + 2 * 87
+    assert len(base) == 116 and len(runs) == 116 + 34 * 3 + 30 * 3
     assert sorted((rs.C, rs.d_model // 64, rs.r) for rs in base) == sorted(grids.paper_grid())
     assert {rs.variant for rs in runs if rs.r == 1} == {"baseline"}  # the probes reuse the r = 1 runs
-    m = base[0].config.model
-    assert (m.head_dim, m.L_eff, m.n_prelude, m.n_coda, m.seq_len, m.vocab_size) == (128, 20, 2, 2, 2048, 32064)
+    looped = next(rs for rs in base if rs.r == 4).config.model
+    assert (looped.head_dim, looped.L_eff, looped.n_prelude, looped.n_coda, looped.seq_len,
+            looped.vocab_size) == (128, 20, 2, 2, 2048, 32001)
     run = base[0].config.run
-    assert run.batch_size * m.seq_len == 2**18 and run.dtype == "bfloat16" and base[0].config.optim.name == "muonh"
+    assert run.batch_size * looped.seq_len == 2**18 and run.dtype == "bfloat16"
+    assert base[0].config.optim.name == "muonh"
     plan = make_plan(spec, flops_per_s=3e14)
-    assert not plan.n_warnings and plan.by_variant() == {"baseline": 116, "truncated_bptt": 87, "hyperconnect": 87}
+    assert not plan.n_warnings and plan.by_variant() == {"baseline": 116, "truncated_bptt": 102, "hyperconnect": 90}
+
+
+def test_paper_preset_builds_r1_as_the_papers_loop_of_one_0_20_0_with_passthrough() -> None:
+    r1 = [rs.config.model for rs in load_spec("paper").runs() if rs.r == 1]
+    assert len(r1) == 29 and {m.layout for m in r1} == {"0+20x1+0"}
+    assert all(m.injection == "passthrough" and m.r1_looped and m.is_looped for m in r1)
+    assert all({k: getattr(m, k) for k in grids.PAPER_R1_MODEL} == grids.PAPER_R1_MODEL for m in r1)
+
+
+@pytest.mark.parametrize("probe", ["truncated_bptt", "hyperconnect"])
+def test_paper_probe_grids_in_grids_py_equal_what_the_paper_preset_expands_to(probe: str) -> None:
+    runs = [rs for rs in load_spec("paper").runs() if rs.variant == probe]
+    assert sorted((rs.C, rs.d_model // 64, rs.r) for rs in runs) == sorted(grids.probe_grid(probe))
+    per_r = 34 if probe == "truncated_bptt" else 30
+    assert all(sum(rs.r == r for rs in runs) == per_r for r in (2, 4, 8))
+    for c in grids.PAPER_BUDGETS:  # every baseline width, plus the probe's extra ones
+        widths = {rs.d_model // 64 for rs in runs if c == rs.C}
+        assert widths == set(grids.PAPER_WIDTHS[c]) | set(grids.PAPER_PROBE_WIDTHS[probe].get(c, ()))
+
+
+def test_truncated_bptt_probe_adds_one_wider_width_at_every_budget_from_1e18() -> None:
+    runs = load_spec("paper").runs(["truncated_bptt"])
+    count = {c: sum(rs.variant == "truncated_bptt" and c == rs.C for rs in runs) for c in grids.PAPER_BUDGETS}
+    assert count == {4.64e17: 4 * 3, 1e18: 6 * 3, 2.15e18: 6 * 3, 4.64e18: 7 * 3, 1e19: 6 * 3, 2.15e19: 5 * 3}
+    widest = {c: max(rs.d_model // 64 for rs in runs if c == rs.C and rs.r == 8) for c in grids.PAPER_BUDGETS}
+    assert widest == {4.64e17: 12, 1e18: 16, 2.15e18: 18, 4.64e18: 22, 1e19: 28, 2.15e19: 40}
+    assert sum(rs.r == 1 for rs in runs) == 29  # the shared r = 1 runs keep the baseline's widths
+
+
+def test_cpu_presets_set_no_r1_model_and_no_variant_widths() -> None:
+    for preset in ("demo", "quick", "study"):
+        spec = load_spec(preset)
+        assert not spec.r1_model and not spec.variant_widths, preset
+        assert {rs.config.model.layout for rs in spec.runs() if rs.variant == "baseline" and rs.r == 1} == \
+            {"12 unique"}, preset
 
 
 def test_demo_preset_is_a_cpu_grid_that_plans_without_refused_runs() -> None:
@@ -97,6 +134,83 @@ def test_r1_runs_are_shared_across_variants_and_bptt_half_is_ceil_r_over_2() -> 
     assert {(rs.variant, rs.r) for rs in only} == {("baseline", 1), ("tbptt", 2), ("tbptt", 4)}
 
 
+def _probe_spec(**variant) -> dict:
+    return tiny_spec(r=[1, 2], variants={"x": {"model": {"bptt_k": "half"}, **variant}})
+
+
+def _widths(spec, variant: str) -> dict[tuple[float, int], list[int]]:
+    out: dict[tuple[float, int], list[int]] = {}
+    for rs in spec.runs():
+        if rs.variant == variant:
+            out.setdefault((rs.C, rs.r), []).append(rs.d_model)
+    return out
+
+
+def test_widths_add_extends_a_variants_looped_runs_and_shared_r1_runs_keep_the_baselines() -> None:
+    spec = spec_from_dict(_probe_spec(widths_add={"8e9": [48]}))
+    assert _widths(spec, "x") == {(4e9, 2): [16, 32], (8e9, 2): [16, 32, 48]}
+    assert _widths(spec, "baseline") == {(c, r): [16, 32] for c in (4e9, 8e9) for r in (1, 2)}
+    assert spec.runs(["x"])[-1].run_id == "C8e+09_r2_d48_x_s0"
+
+
+def test_widths_add_keeps_the_ids_and_configs_of_every_run_that_existed_before() -> None:
+    before = {rs.run_id: rs.config for rs in spec_from_dict(_probe_spec()).runs()}
+    after = {rs.run_id: rs.config for rs in spec_from_dict(_probe_spec(widths_add={"8e9": [48]})).runs()}
+    assert set(after) - set(before) == {"C8e+09_r2_d48_x_s0"} and all(after[k] == v for k, v in before.items())
+
+
+def test_variant_widths_replace_a_budget_for_all_its_r_or_per_r() -> None:
+    spec = spec_from_dict(_probe_spec(widths={"4e9": [48, 64]}))
+    assert _widths(spec, "x") == {(4e9, 2): [48, 64], (8e9, 2): [16, 32]}
+    data = tiny_spec(r=[1, 2, 4], widths={"4e9": [16], "8e9": [16]},
+                     variants={"x": {"model": {"bptt_k": "half"}, "widths": {"8e9": {"r4": [32]}},
+                                     "widths_add": {"4e9": {"r2": [32]}}}})
+    data["train"]["model"]["L_eff"] = 6
+    assert _widths(spec_from_dict(data), "x") == {(4e9, 2): [16, 32], (4e9, 4): [16], (8e9, 2): [16],
+                                                  (8e9, 4): [32]}
+
+
+def test_widths_are_in_the_sweeps_unit_s_when_it_says_so() -> None:
+    data = _probe_spec(widths_add={"8e9": [1]})
+    data["sweep"]["widths"] = {"unit": "s", "4e9": [1], "8e9": [2]}
+    assert _widths(spec_from_dict(data), "x") == {(4e9, 2): [64], (8e9, 2): [64, 128]}
+
+
+def test_a_variant_that_owns_its_r1_runs_gets_its_widths_at_r1_too() -> None:
+    spec = spec_from_dict(_probe_spec(r1="own", optim={"lr_scale": 0.5}, widths_add={"4e9": [48]}))
+    assert _widths(spec, "x")[(4e9, 1)] == [16, 32, 48] and _widths(spec, "baseline")[(4e9, 1)] == [16, 32]
+
+
+def test_widths_add_on_top_of_a_width_rule_keeps_the_rules_widths_once_and_spec_toml_writes_them_out(
+        tmp_path: Path) -> None:
+    data = load_spec("paper").raw
+    data["sweep"]["widths"] = {"rule": "around_optimum", "k": 2, "unit": "s", "step": 2}
+    ruled = spec_from_dict(data)
+    chosen = {c: [d // 64 for d in ruled.widths[(c, 2)]] for c in ruled.budgets}
+    data["sweep"]["variants"]["hyperconnect"]["widths_add"]["1e19"] = [chosen[1e19][0], 40]  # one the rule chose
+    spec = spec_from_dict(data)
+    hc = {c: sorted({rs.d_model // 64 for rs in spec.runs() if rs.variant == "hyperconnect" and c == rs.C})
+          for c in spec.budgets}
+    assert hc[1e19] == sorted({*chosen[1e19], 40}) and hc[2.15e18] == sorted({*chosen[2.15e18], 18})
+    store = prepare(spec, tmp_path / "sw")
+    assert "widths_add" not in store.spec_path.read_text()
+    assert [(rs.run_id, rs.config) for rs in load_spec(store.root).runs()] == \
+        [(rs.run_id, rs.config) for rs in spec.runs()]
+
+
+def test_r1_model_builds_every_r1_run_that_a_recipe_owns_and_no_looped_run() -> None:
+    loop_of_one = {"n_prelude": 0, "n_coda": 0, "injection": "passthrough", "r1_looped": True}
+    data = tiny_spec(r1_model=loop_of_one, variants={"x": {"model": {"bptt_k": "half"}},
+                                                     "own": {"optim": {"lr_scale": 0.5}, "r1": "own"},
+                                                     "lin": {"model": {"injection": "linear"}, "r": [1],
+                                                             "r1": "own"}})
+    layouts = {(rs.variant, rs.r): rs.config.model.layout for rs in spec_from_dict(data).runs()}
+    assert layouts == {("baseline", 1): "0+6x1+0", ("baseline", 2): "1+2x2+1", ("x", 2): "1+2x2+1",
+                       ("own", 1): "0+6x1+0", ("own", 2): "1+2x2+1", ("lin", 1): "0+6x1+0"}
+    lin = next(rs for rs in spec_from_dict(data).runs() if rs.variant == "lin").config.model
+    assert lin.injection == "linear"  # a variant's own model keys win over r1_model at its r = 1 runs
+
+
 def test_seeds_set_run_seed_and_with_seed_data_also_data_seed() -> None:
     runs = spec_from_dict(tiny_spec(seeds=[0, 7])).runs()
     assert {(rs.seed, rs.config.run.seed, rs.config.data.seed) for rs in runs} == {(0, 0, 0), (7, 7, 0)}
@@ -113,7 +227,7 @@ def test_width_rule_around_optimum_gives_k_head_multiples_around_the_paper_laws_
     data["sweep"].pop("variants")
     spec = spec_from_dict(data)
     theta = JointLaw.from_params(**PAPER_COEFFICIENTS).theta_
-    template = spec.runs()[0].config.model.model_dump(exclude={"d_model", "s", "r"})
+    template = next(rs for rs in spec.runs() if rs.r > 1).config.model.model_dump(exclude={"d_model", "s", "r"})
     for c in spec.budgets:
         ds = spec.widths[(c, 1)]
         assert len(ds) == 4 and all(d % 128 == 0 for d in ds) and all(spec.widths[(c, r)] == ds for r in spec.r)
@@ -163,6 +277,26 @@ def _with(path: str, value, **extra) -> dict:
          r"must be at most r=2"),
         (_with("train.model.head_dim", 0), r"bad\.toml: train\.model\.head_dim: .*greater than 0"),
         (_with("train.optim.momentum", 2), r"bad\.toml: train\.optim\.momentum: "),
+        (_probe_spec(widths_add={"1e9": [48]}), r"sweep\.variants\.x\.widths_add\.1e9: not one of sweep\.budgets"),
+        (_probe_spec(widths_add={"big": [48]}), r"sweep\.variants\.x\.widths_add\.big: keys are budgets"),
+        (_probe_spec(widths_add={"4e9": [0]}), r"sweep\.variants\.x\.widths_add\.4e9: widths are positive"),
+        (_probe_spec(widths_add={"4e9": [48, 48]}), r"sweep\.variants\.x\.widths_add\.4e9: duplicate width"),
+        (_probe_spec(widths_add={"4e9": [32]}), r"sweep\.variants\.x\.widths_add\.4e9: already in sweep\.widths"),
+        (_probe_spec(widths_add={"4e9": []}), r"sweep\.variants\.x\.widths_add\.4e9: is empty"),
+        (_probe_spec(widths_add={"4e9": [40]}), r"sweep\.variants\.x\.widths_add\.4e9: width d_model=40 does "
+         r"not divide into heads"),
+        (_probe_spec(widths_add={"4e9": [48]}, widths={"4e9": [16]}), r"sweep\.variants\.x\.widths_add\.4e9: "
+         r"this budget is also in widths"),
+        (_probe_spec(widths={"4e9": [16], "4.0e9": [32]}), r"sweep\.variants\.x\.widths\.4\.0e9: the same budget"),
+        (_probe_spec(widths={"4e9": {"r1": [48]}}), r"sweep\.variants\.x\.widths\.4e9\.r1: expected keys "
+         r"\['r2'\].*shared r = 1 runs keep the baseline's widths"),
+        (_probe_spec(widths_add=[48]), r"sweep\.variants\.x\.widths_add: .*dictionary"),
+        (_with("sweep.r1_model", {"r": 1}), r"sweep\.r1_model\.r: is set by the sweep"),
+        (_with("sweep.r1_model", {"d_model": 64}), r"sweep\.r1_model\.d_model: is set by the sweep"),
+        (_with("sweep.r1_model", {"n_prelud": 0}), r"sweep\.r1_model\.n_prelud: unknown key"),
+        (_with("sweep.r1_model", {"n_prelude": 3, "n_coda": 3}), r"sweep\.r1_model\.L_eff: must exceed"),
+        (_with("sweep.r1_model", {"bptt_k": 2}), r"sweep\.r1_model\.bptt_k: must be at most r=1"),
+        (_with("sweep.r1_model", {"r1_looped": True}, r=[2]), r"sweep\.r1_model: sweep\.r = \[2\] has no r = 1"),
     ],
 )
 def test_invalid_specs_give_one_line_errors_naming_the_field(spec: dict, match: str) -> None:

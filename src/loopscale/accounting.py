@@ -11,7 +11,10 @@ Conventions (the paper's):
   (``2 d^2`` for the linear injection, ``r (K^2 + 2K)`` lane scalars for hyperconnect);
   embeddings, LM head and norm scales are excluded (they are reported separately);
 * training FLOPs/token ``F = 6 (N_once + N_head) + 6 r N_rec + 12 h q T L_eff`` with full ``T`` in
-  the attention term (no causal halving) and a free embedding lookup;
+  the attention term (no causal halving) and a free embedding lookup. As in the paper's code
+  (``GPT.estimate_flops``, which counts every parameter of the prelude, recur and coda modules), each
+  block's two RMSNorm scales count as 2 d "params" per use: ``2 d / 12 d^2`` of F (0.03 % at s = 10),
+  but it moves ``steps = round(C / (F B))`` by one step in most paper-grid runs, so parity needs it;
 * truncated BPTT: detached recurrences cost ``2x`` (matmuls) and ``4 h q T`` (attention) instead of
   ``6x`` and ``12 h q T``; hyperconnect adds ``(K^2 + 2K) d`` equivalent params per recurrence.
 """
@@ -81,11 +84,58 @@ def N_total(cfg: ModelConfig) -> int:
     return N_unique(cfg) + N_emb(cfg) + N_norm(cfg)
 
 
+def effective_params(cfg: ModelConfig, reuse: int | None = None) -> int:
+    """Non-embedding parameters counted once per use, in the paper code's convention.
+
+    ``GPT.effective_params(exclude_embedding=True)`` of the paper's code (``nanochat/gpt.py``): prelude and
+    coda blocks *with* their RMSNorm scales, plus the model-level norm scales, once; the recurrent blocks
+    (with their norm scales) and the injection ``reuse`` times (default ``r``). Only the lr rule's
+    reference D_ref uses this count (:func:`reference_tokens`); the law's N_once / N_rec exclude norms.
+    """
+    d = cfg.width
+    reuse = cfg.r if reuse is None else reuse
+    once = N_once(cfg) + 2 * d * (cfg.n_prelude + cfg.n_coda) + d * (2 + int(cfg.is_looped))
+    per_use = N_rec(cfg) + 2 * d * cfg.n_recur
+    return once + reuse * per_use
+
+
+REF_DATA_RATIO = 10  # the paper's D_ref = 10 x the reference model's effective parameters
+
+
+def reference_model(r: int, d_ref: int) -> ModelConfig:
+    """The paper's architecture-matched lr reference at width ``d_ref`` (``build_reference_model`` in
+    the paper's ``scripts/base_train.py``): 0+20+0 passthrough with one recurrence for r = 1, 2+4x4+2
+    with the linear injection for r > 1. The head count does not enter any parameter count."""
+    if r > 1:
+        return ModelConfig(d_model=d_ref, head_dim=d_ref, L_eff=20, r=4, n_prelude=2, n_coda=2,
+                           injection="linear", vocab_size=1)
+    return ModelConfig(d_model=d_ref, head_dim=d_ref, L_eff=20, r=1, n_prelude=0, n_coda=0,
+                       injection="passthrough", r1_looped=True, vocab_size=1)
+
+
+def reference_tokens(r: int, d_ref: int = 640) -> int:
+    """D_ref of the matrix-lr data rule for a run with ``r`` recurrences (arXiv 2604.21106 §4, the
+    paper's ``scripts/base_train.py``): 10 x the effective parameters of :func:`reference_model`,
+    counted with the *training* run's r as the reuse count, so D_ref depends on r
+    (9.83e8 / 6.06e8 / 1.016e9 / 1.835e9 for r = 1 / 2 / 4 / 8 at d_ref = 640)."""
+    return REF_DATA_RATIO * effective_params(reference_model(r, d_ref), reuse=r)
+
+
 # ---- FLOPs --------------------------------------------------------------------------------
+def _block_flop_params(cfg: ModelConfig) -> int:
+    """A block's params as the paper's FLOP count sees them: its matrices plus its two norm scales."""
+    return block_params(cfg) + 2 * cfg.width
+
+
+def _once_flop_params(cfg: ModelConfig) -> int:
+    """Params run once per token in the FLOP count: prelude and coda blocks and the LM head."""
+    return (cfg.n_prelude + cfg.n_coda) * _block_flop_params(cfg) + N_head(cfg)
+
+
 def _rec_matmul_params(cfg: ModelConfig) -> int:
     """Per-recurrence 'equivalent params' of the recurrent stack (matmul FLOPs / 2 per token)."""
     d = cfg.width
-    base = cfg.n_recur * block_params(cfg)
+    base = cfg.n_recur * _block_flop_params(cfg)
     if not cfg.is_looped:
         return base
     if cfg.injection == "linear":
@@ -103,7 +153,7 @@ def _attn_flops_per_layer(cfg: ModelConfig, context: int) -> int:
 
 def train_flops_per_token(cfg: ModelConfig, *, include_attention: bool = True) -> float:
     """F: training (forward + backward) FLOPs per token, PAPER.md section 3."""
-    once = N_once(cfg) + N_head(cfg)
+    once = _once_flop_params(cfg)
     rec = _rec_matmul_params(cfg)
     k = cfg.k_grad
     detached = cfg.r - k
@@ -119,7 +169,7 @@ def train_flops_per_token(cfg: ModelConfig, *, include_attention: bool = True) -
 def inference_flops_per_token(cfg: ModelConfig, context: int | None = None) -> float:
     """Forward FLOPs per token at a given attention context (default: the training T)."""
     ctx = cfg.seq_len if context is None else context
-    matmul = 2 * (N_once(cfg) + N_head(cfg)) + 2 * cfg.r * _rec_matmul_params(cfg)
+    matmul = 2 * _once_flop_params(cfg) + 2 * cfg.r * _rec_matmul_params(cfg)
     return float(matmul + _attn_flops_per_layer(cfg, ctx) * cfg.L_eff)
 
 

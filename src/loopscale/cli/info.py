@@ -25,16 +25,36 @@ def _rows_for_grid(grid: str) -> list[accounting.Accounting]:
                           value=grid)
     out = []
     for c, s, r in grids.paper_grid():
-        cfg = ModelConfig(**grids.PAPER_MODEL, s=s, r=r)  # type: ignore[arg-type]
+        cfg = ModelConfig(**grids.paper_model(s, r))  # type: ignore[arg-type]  # r = 1: the paper's loop of one
         out.append(accounting.account(cfg, budget=c, tokens_per_step=grids.PAPER_TOKENS_PER_STEP))
     return out
+
+
+def _probe_table() -> Table:
+    """The paper's recipes: widths (s) per budget, with what each probe adds, and runs per recipe."""
+    table = Table(title="paper recipes: widths s per budget (probes: looped runs, + = added; r = 1 runs shared)")
+    table.add_column("recipe", justify="left")
+    table.add_column("r", justify="left")
+    for c in grids.PAPER_BUDGETS:
+        table.add_column(f"{c:.3g}", justify="left")
+    table.add_column("runs", justify="right")
+    base = [" ".join(map(str, grids.PAPER_WIDTHS[c])) for c in grids.PAPER_BUDGETS]
+    n_base = len(grids.paper_grid())
+    table.add_row("baseline", ",".join(map(str, grids.PAPER_R)), *base,
+                  f"{n_base} ({n_base // len(grids.PAPER_R)} per r)")
+    for probe, added in grids.PAPER_PROBE_WIDTHS.items():
+        cells = ["+" + " +".join(map(str, added[c])) if c in added else "-" for c in grids.PAPER_BUDGETS]
+        n = len(grids.probe_grid(probe))
+        table.add_row(probe, ",".join(map(str, grids.PAPER_PROBE_R)), *cells,
+                      f"{n} ({n // len(grids.PAPER_PROBE_R)} per r)")
+    return table
 
 
 @app.command()
 def info(
     config: Path | None = typer.Argument(None, help="TOML/YAML with a [model] table (default: paper s=10)."),
     set_: list[str] = typer.Option([], "--set", help="Override, e.g. --set model.r=4 --set model.s=6"),
-    grid: str | None = typer.Option(None, "--grid", help="Account a whole grid: 'paper' (116 runs)."),
+    grid: str | None = typer.Option(None, "--grid", help="Whole grid: 'paper' (116 runs, and the probes' widths)."),
     budget: float | None = typer.Option(None, "--budget", "-C", help="FLOP budget C for tokens D = C/F."),
     tokens_per_step: int = typer.Option(grids.PAPER_TOKENS_PER_STEP, help="Global batch in tokens."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
@@ -70,3 +90,5 @@ def info(
             str(a.steps) if a.steps is not None else "-",
         )
     console.print(table)
+    if grid:
+        console.print(_probe_table())

@@ -6,7 +6,8 @@
 - ``mixture``   ``build_default(cfg)``: real text + a share of world text, a fixed validation stream,
                 the evaluation items, and ``describe()`` / ``fingerprint()``;
 - ``tokenizer`` the ``Tokenizer`` protocol and the ``ByteTokenizer`` (257 ids, BOS = 256);
-- ``packing``   BOS-aligned best-fit packing into rows of ``T + 1`` tokens;
+- ``packing``   BOS-aligned best-fit packing into rows of ``T + 1`` tokens (the paper's crop
+                packer by default, or loopscale's earlier splitting one);
 - ``config``    ``DataConfig`` (the ``[data]`` table).
 
 Nothing here imports torch at import time except ``packing`` when it builds tensors.

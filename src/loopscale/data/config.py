@@ -81,6 +81,12 @@ class DataConfig(StrictModel):
     real_text_bytes: int | None = Field(None, gt=0,
                                         description="cap on real training text (whole scenes); None: all")
     text_dir: str | None = Field(None, description="folder of .md/.txt files replacing the plays")
+    packing: Literal["best_fit_crop", "best_fit_split"] = Field(
+        "best_fit_crop", description="'best_fit_crop': the paper's packer (whole documents, crop tails "
+        "discarded); 'best_fit_split': split long documents, nothing discarded (loopscale's earlier packer)")
+    packing_buffer: int | None = Field(
+        None, gt=0, description="documents (crop) or pieces (split) best fit chooses from; "
+        "None: 1000 for best_fit_crop (the paper's), 1024 for best_fit_split (its earlier value)")
     world: WorldConfig = Field(default_factory=WorldConfig)
 
     @model_validator(mode="after")

@@ -1,26 +1,30 @@
 """BOS-aligned best-fit packing of documents into training rows of ``T + 1`` tokens.
 
 The rows are the token stream a run trains on: ``inputs = row[:-1]``, ``targets = row[1:]``. They
-depend only on the documents, the tokenizer, ``seq_len`` (T) and the seed — never on the model —
-so every architecture in a sweep sees exactly the same tokens, and a run with budget D reads the
-first ``D / T`` rows.
+depend only on the documents, the tokenizer, ``seq_len`` (T), the packing mode, the buffer size and
+the seed — never on the model — so every architecture in a sweep sees exactly the same tokens, and a
+run with budget D reads the first ``D / T`` rows. Every document becomes ``[BOS] + tokens``, every
+row starts with BOS, and no row is ever padded. Two modes (``DataConfig.packing``):
 
-Algorithm (modded-nanogpt / nanochat style, chosen to minimise cropping *without any padding*):
+``best_fit_crop`` (the default; the paper's packer, ``_pack_row`` / ``_pack_rows`` in its
+``scripts/prepack.py``, arXiv 2604.21106 §4): before each row the buffer is topped up to
+``buffer`` documents (in stream order); the row then repeatedly takes the *largest* buffered
+document that fits entirely in the space left; when none fits, it takes the *shortest* buffered
+document, crops it to fill the row exactly and **discards the cropped remainder**. A document is
+never split across rows: everything past the first ``T + 1`` tokens of a long document is lost, and
+so is the tail of every crop. Packing stops at the first row the buffer cannot fill (the buffer is
+not refilled inside a row); the documents left are discarded too.
 
-1. every document becomes ``[BOS] + tokens``; a document longer than a row is split into full
-   rows of ``T + 1`` tokens plus a remainder, and every continuation piece gets its own BOS, so
-   it too begins a row-like unit ("BOS = start of a document or of a continuation");
-2. rows are filled from a buffer of the next ``buffer`` pieces (in stream order): at each step
-   the *largest* piece that fits the space left is placed (best fit, so full-row pieces fill
-   empty rows and long pieces go first, i.e. best-fit decreasing within the buffer);
-3. when no piece fits, the *shortest* piece is cropped to fill the row exactly; its cropped tail
-   returns to the buffer as a new BOS-led piece. Nothing is discarded and nothing is padded:
-   every position of every row is a real token, so tokens trained = rows x T exactly. The only
-   cost is an extra BOS per crop (reported by ``pack_stats``);
-4. the last, incomplete row is dropped; then rows are shuffled with ``seed`` so that any prefix of
-   rows is a uniform sample of the whole mixture.
+``best_fit_split`` (loopscale's earlier packer, kept bit for bit so older runs stay reproducible):
+a document longer than a row is split into full rows of ``T + 1`` and a remainder, each
+continuation with its own BOS; rows are filled from a buffer of ``buffer`` pieces, refilled before
+every placement, by the same best fit; a crop's tail returns to the buffer as a new BOS-led piece.
+Nothing but the final incomplete row is discarded; the cost is an extra BOS per split or crop.
 
-Every row therefore starts with BOS; a row is never padded.
+Ties in either mode go to the piece that entered the buffer first (the paper's list scan), and the
+rows are then shuffled with ``seed`` so that any prefix of rows is a uniform sample of the mixture
+(the paper shuffles each output shard unseeded instead; the rows' contents are the same).
+``pack_rows(..., with_stats=True)`` reports what was discarded (``PackStats.discard_fraction``).
 """
 
 from __future__ import annotations
@@ -30,29 +34,51 @@ import random
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
+
+from loopscale.errors import ConfigError
 
 if TYPE_CHECKING:
     from loopscale.data.tokenizer import Tokenizer
 
+Packing = Literal["best_fit_crop", "best_fit_split"]
+PACKINGS: tuple[str, ...] = ("best_fit_crop", "best_fit_split")
+DEFAULT_PACKING: Packing = "best_fit_crop"
+# buffer sizes when none is configured: the paper's buffer_size, and the split packer's historic value
+DEFAULT_BUFFER: dict[str, int] = {"best_fit_crop": 1000, "best_fit_split": 1024}
+
 
 @dataclass(frozen=True)
 class PackStats:
-    """What packing did: rows, tokens placed, pieces, crops, BOS tokens added, tokens dropped."""
+    """What packing did, so that what it discarded is visible: ``rows x (T + 1) = tokens + bos_added
+    - discarded`` in both modes."""
 
     rows: int
     seq_len: int
-    documents: int
-    pieces: int
+    documents: int  # documents in the stream
+    pieces: int  # split: BOS-led pieces made (documents, continuations, crop tails); crop: documents in rows
     crops: int
-    bos_added: int  # BOS beyond one per document (splits and crops)
-    dropped: int  # tokens of the final, incomplete row
+    bos_added: int  # BOS beyond one per document (split mode: splits and crops; crop mode: 0)
+    dropped: int  # tokens left at the end: the final, incomplete row (crop: and any documents not reached)
+    packing: str = "best_fit_split"
+    tokens: int = 0  # tokens of the documents, one BOS each
+    cropped: int = 0  # crop mode: tokens of the cropped-off remainders (discarded)
+
+    @property
+    def discarded(self) -> int:
+        """Document tokens (BOS included) that are in no row."""
+        return self.cropped + self.dropped
+
+    @property
+    def discard_fraction(self) -> float:
+        return self.discarded / self.tokens if self.tokens else 0.0
 
 
 def _pieces(docs: Iterable[Sequence[int]], width: int, bos: int, counter: list[int]) -> Iterator[list[int]]:
     step = width - 1
     for doc in docs:
         counter[0] += 1
+        counter[2] += len(doc) + 1
         yield [bos, *doc[:step]]
         for start in range(step, len(doc), step):
             counter[1] += 1
@@ -60,15 +86,19 @@ def _pieces(docs: Iterable[Sequence[int]], width: int, bos: int, counter: list[i
 
 
 class _Buffer:
-    """Pieces bucketed by length; best-fit lookups in O(log n). FIFO within a length (determinism)."""
+    """Pieces bucketed by length; best-fit lookups in O(log n). FIFO within a length (determinism).
+
+    A piece may be stored under a length ``n`` larger than its list (crop mode keeps only the first
+    ``T + 1`` tokens of a long document: no more can ever be placed, but its length orders it).
+    """
 
     def __init__(self) -> None:
         self.by_len: dict[int, deque[list[int]]] = {}
         self.lengths: list[int] = []  # sorted distinct lengths present
         self.size = 0
 
-    def add(self, piece: list[int]) -> None:
-        n = len(piece)
+    def add(self, piece: list[int], n: int | None = None) -> None:
+        n = len(piece) if n is None else n
         q = self.by_len.get(n)
         if q is None:
             q = self.by_len[n] = deque()
@@ -93,19 +123,10 @@ class _Buffer:
         return self._take(self.lengths[0])
 
 
-def pack_rows(docs: Iterable[Sequence[int]], seq_len: int, bos_id: int, *, seed: int = 0,
-              buffer: int = 1024, shuffle: bool = True, with_stats: bool = False):
-    """Pack token documents (without BOS) into a ``torch.LongTensor [n_rows, seq_len + 1]``.
-
-    See the module docstring for the algorithm. ``with_stats=True`` returns ``(rows, PackStats)``.
-    """
-    import numpy as np
-    import torch
-
-    if seq_len < 1:
-        raise ValueError(f"seq_len must be positive, got {seq_len}")
-    width = seq_len + 1
-    counter = [0, 0]  # documents, continuation pieces
+def _pack_split(docs: Iterable[Sequence[int]], width: int, bos_id: int,
+                buffer: int) -> tuple[list[list[int]], PackStats]:
+    """loopscale's earlier packer: split long documents, re-queue crop tails (unchanged)."""
+    counter = [0, 0, 0]  # documents, continuation pieces, document tokens (one BOS each)
     source = _pieces(docs, width, bos_id, counter)
     buf = _Buffer()
     exhausted = False
@@ -143,20 +164,110 @@ def pack_rows(docs: Iterable[Sequence[int]], seq_len: int, bos_id: int, *, seed:
             rows.append(row)
         else:
             dropped = len(row)
+    return rows, PackStats(len(rows), width - 1, counter[0], counter[0] + counter[1] + crops, crops,
+                           counter[1] + crops, dropped, "best_fit_split", counter[2], 0)
+
+
+def _pack_crop(docs: Iterable[Sequence[int]], width: int, bos_id: int, buffer: int,
+               count_rest: bool) -> tuple[list[list[int]], PackStats]:
+    """The paper's packer: whole documents by best fit, the shortest cropped, its remainder discarded."""
+    source = iter(docs)
+    buf = _Buffer()
+    exhausted = False
+    documents = tokens = 0
+
+    def refill() -> None:
+        nonlocal exhausted, documents, tokens
+        while not exhausted and buf.size < buffer:
+            try:
+                doc = next(source)
+            except StopIteration:
+                exhausted = True
+                break
+            n = len(doc) + 1
+            documents += 1
+            tokens += n
+            buf.add([bos_id, *doc[:width - 1]], n)  # past T + 1 tokens nothing can be placed
+
+    rows: list[list[int]] = []
+    placed = crops = cropped = dropped = 0
+    while True:
+        refill()  # the paper tops the buffer up before each row only
+        if buf.size == 0:
+            break
+        row: list[int] = []
+        n_row = 0
+        while len(row) < width and buf.size:
+            space = width - len(row)
+            piece = buf.take_best_fit(space)
+            if piece is None:
+                n = buf.lengths[0]
+                piece = buf.take_shortest()
+                row += piece[:space]
+                crops += 1
+                cropped += n - space
+            else:
+                row += piece
+            n_row += 1
+        if len(row) < width:  # the buffer ran dry: the paper stops here
+            dropped = len(row)
+            break
+        rows.append(row)
+        placed += n_row
+    if count_rest:  # documents the packer never reached are discarded too; count them
+        for doc in source:
+            documents += 1
+            tokens += len(doc) + 1
+            dropped += len(doc) + 1
+    return rows, PackStats(len(rows), width - 1, documents, placed, crops, 0, dropped, "best_fit_crop",
+                           tokens, cropped)
+
+
+def check_packing(packing: str, buffer: int | None) -> int:
+    """The buffer size to use for ``packing``; a one-line error naming the field if either is bad."""
+    if packing not in PACKINGS:
+        raise ConfigError("data.packing", f"must be one of {', '.join(PACKINGS)}", value=packing)
+    if buffer is None:
+        return DEFAULT_BUFFER[packing]
+    if buffer < 1:
+        raise ConfigError("data.packing_buffer", "must be a positive number of documents", value=buffer)
+    return buffer
+
+
+def pack_rows(docs: Iterable[Sequence[int]], seq_len: int, bos_id: int, *, seed: int = 0,
+              packing: str = DEFAULT_PACKING, buffer: int | None = None, shuffle: bool = True,
+              with_stats: bool = False):
+    """Pack token documents (without BOS) into a ``torch.LongTensor [n_rows, seq_len + 1]``.
+
+    See the module docstring for the two modes. ``buffer=None`` uses the mode's default (1000 for
+    ``best_fit_crop`` as in the paper, 1024 for ``best_fit_split`` as before). ``with_stats=True``
+    returns ``(rows, PackStats)``.
+    """
+    import numpy as np
+    import torch
+
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be positive, got {seq_len}")
+    size = check_packing(packing, buffer)
+    width = seq_len + 1
+    if packing == "best_fit_split":
+        rows, stats = _pack_split(docs, width, bos_id, size)
+    else:
+        rows, stats = _pack_crop(docs, width, bos_id, size, count_rest=with_stats)
     order = list(range(len(rows)))
     if shuffle:
         random.Random(f"loopscale.packing:{seed}").shuffle(order)
     out = np.array(rows, dtype=np.int64).reshape(len(rows), width)
     tensor = torch.from_numpy(out[np.array(order, dtype=np.int64)] if rows else out)
     if with_stats:
-        return tensor, PackStats(len(rows), seq_len, counter[0], counter[0] + counter[1] + crops, crops,
-                                 counter[1] + crops, dropped)
+        return tensor, stats
     return tensor
 
 
 def pack_texts(texts: Iterable[str], tokenizer: Tokenizer, seq_len: int, *, seed: int = 0,
-               buffer: int = 1024, shuffle: bool = True, with_stats: bool = False):
+               packing: str = DEFAULT_PACKING, buffer: int | None = None, shuffle: bool = True,
+               with_stats: bool = False):
     """Tokenize ``texts`` with ``tokenizer`` and ``pack_rows`` them."""
     encode = getattr(tokenizer, "encode_bytes", None) or tokenizer.encode
-    return pack_rows((encode(t) for t in texts), seq_len, tokenizer.bos_id, seed=seed, buffer=buffer,
-                     shuffle=shuffle, with_stats=with_stats)
+    return pack_rows((encode(t) for t in texts), seq_len, tokenizer.bos_id, seed=seed, packing=packing,
+                     buffer=buffer, shuffle=shuffle, with_stats=with_stats)

@@ -22,7 +22,12 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """Rotary position embedding (half-split form), cos/sin cached up to the longest position seen."""
+    """Rotary position embedding in the paper code's form (``nanochat/gpt.py`` of arXiv 2604.21106).
+
+    Half-split pairs ``(x1, x2)`` rotate as ``(x1 cos + x2 sin, x2 cos - x1 sin)``, and the cos/sin
+    table is rounded to bfloat16 as the paper's model stores it (``self.cos`` is bf16 on every device),
+    so fp32 CPU runs see exactly the paper's rotation. cos/sin are cached up to the longest position seen.
+    """
 
     def __init__(self, head_dim: int, base: float = 10000.0) -> None:
         super().__init__()
@@ -34,24 +39,25 @@ class Rotary(nn.Module):
         if self._cache is None or self._cache[0] < n or self._cache[1] != device:
             t = torch.arange(max(n, 64), device=device, dtype=torch.float32)
             freqs = torch.outer(t, self.inv_freq.to(device))
-            self._cache = (t.numel(), device, freqs.cos(), freqs.sin())
+            bf16 = torch.bfloat16
+            self._cache = (t.numel(), device, freqs.cos().to(bf16).float(), freqs.sin().to(bf16).float())
         return self._cache[2], self._cache[3]
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        """x: [B, H, T, hd]; positions offset..offset+T-1."""
+        """x: [..., T, hd]; positions offset..offset+T-1."""
         T = x.size(-2)
         cos, sin = self._cos_sin(offset + T, x.device)
         cos = cos[offset : offset + T].to(x.dtype)
         sin = sin[offset : offset + T].to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
 
 
 KV = tuple[torch.Tensor, torch.Tensor]
 
 
 class Attention(nn.Module):
-    """Causal self-attention through SDPA; q/k get RoPE then a parameter-free RMSNorm (QK-norm)."""
+    """Causal self-attention through SDPA; q/k get RoPE, then a parameter-free RMSNorm (QK-norm)."""
 
     def __init__(self, d_model: int, head_dim: int, rotary: Rotary, eps: float) -> None:
         super().__init__()
@@ -72,9 +78,9 @@ class Attention(nn.Module):
         qk = qkv[:, :, :2].permute(2, 0, 3, 1, 4)  # [2, B, H, T, hd]
         v = qkv[:, :, 2].transpose(1, 2)
         past = 0 if kv is None else kv[0].size(2)
-        # QK-norm after RoPE; RoPE is a rotation, so rms(rope(q)) = rms(q) and the order is free:
-        # normalising first lets q and k share one norm and one rotation call.
-        qk = self.rotary(F.rms_norm(qk, (self.head_dim,), eps=self.eps), past)
+        # RoPE, then QK-norm, as the paper's code orders them (with its bf16-rounded table the rotation is
+        # not exactly norm-preserving, so the order matters at the last bit); q and k share both calls.
+        qk = F.rms_norm(self.rotary(qk, past), (self.head_dim,), eps=self.eps)
         q, k = qk[0], qk[1]
         if kv is not None:
             k = torch.cat((kv[0], k), dim=2)

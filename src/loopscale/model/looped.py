@@ -2,11 +2,13 @@
 
     x = norm_emb(embed(idx)); x = prelude(x); e = x
     state = init(e); repeat r times: u = input(i, e, state); s = norm_recur(recur(u)); state = update(i, state, s)
-    x = coda(readout(state)); logits = 15 tanh(head(norm_final(x)) / 15)   (fp32)
+    x = coda(readout(state)); logits = 15 tanh(head(norm_final(x))[:, :, :V] / 15)   (fp32, real vocabulary V)
 
 With ``r = 1`` the model is the plain non-looped stack of ``L_eff`` unique layers (no injection,
-no recurrent norm). Truncated BPTT runs the first ``r - k`` recurrences without autograd, so they
-cost a forward pass only, as the accounting charges them.
+no recurrent norm), unless ``r1_looped``: then it is a loop of one. The paper's own r = 1 baseline is
+such a loop: 0 + 20 + 0 layers, passthrough injection, its recurrent norm applied once
+(``configs/paper.toml`` builds it that way). Truncated BPTT runs the first ``r - k`` recurrences
+without autograd, so they cost a forward pass only, as the accounting charges them.
 """
 
 from __future__ import annotations
@@ -98,8 +100,15 @@ class LoopedLM(nn.Module):
                 cache.put(kv)
         return x
 
-    def forward(self, idx: torch.Tensor, *, r: int | None = None, cache: KVCache | None = None) -> torch.Tensor:
-        """Logits [B, T, vocab_padded] in fp32. ``r`` overrides the recurrences (looped models only)."""
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, r: int | None = None,
+                cache: KVCache | None = None, reduction: str = "mean") -> torch.Tensor:
+        """Logits [B, T, vocab_size] in fp32, or with ``targets`` the next-token loss in nats.
+
+        This is loopscale's one loss path (training, validation, calibration): cross-entropy over the
+        *real* vocabulary, as the paper's code computes it (padded ids never enter the softmax), with
+        targets -1 ignored; ``reduction`` as in ``F.cross_entropy``. ``r`` overrides the recurrences
+        (looped models only).
+        """
         cfg = self.cfg
         r = self._check_r(r)
         if cache is not None:
@@ -108,10 +117,13 @@ class LoopedLM(nn.Module):
         x = self._stack(self.prelude, x, cache)
         x = self._stack(self.recur, x, cache) if not cfg.is_looped else self._loop(x, r, cache)
         x = self._stack(self.coda, x, cache)
-        logits = self.head(self.norm_final(x)).float()
+        logits = self.head(self.norm_final(x))[..., : cfg.vocab_size].float()
         if cfg.softcap is not None:
             logits = cfg.softcap * torch.tanh(logits / cfg.softcap)
-        return logits
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1,
+                               reduction=reduction)
 
     def _loop(self, e: torch.Tensor, r: int, cache: KVCache | None) -> torch.Tensor:
         k = self.cfg.k_grad if r == self.cfg.r else r
@@ -139,20 +151,18 @@ class LoopedLM(nn.Module):
         return r
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor, *, r: int | None = None) -> torch.Tensor:
-        """Mean next-token cross-entropy in nats (targets -1 are ignored)."""
-        logits = self(idx, r=r)
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        """Mean next-token cross-entropy in nats (targets -1 are ignored); ``self(idx, targets)``."""
+        return self(idx, targets, r=r)
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, *, r: int | None = None,
                  stop: int | None = None) -> torch.Tensor:
-        """Greedy decoding with the looped KV cache (vocab padding never sampled)."""
+        """Greedy decoding with the looped KV cache (logits cover the real vocabulary only)."""
         cache = KVCache()
         logits = self(idx, r=r, cache=cache)
         out = []
-        V = self.cfg.vocab_size
         for _ in range(max_new_tokens):
-            nxt = logits[:, -1, :V].argmax(dim=-1, keepdim=True)
+            nxt = logits[:, -1].argmax(dim=-1, keepdim=True)
             out.append(nxt)
             if stop is not None and bool((nxt == stop).all()):
                 break

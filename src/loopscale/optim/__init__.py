@@ -1,14 +1,14 @@
-"""Optimisation (PAPER.md section 4, "Optimiser"): MuonH + AdamW groups, transfer rules, lr schedules.
+"""Optimisation (arXiv 2604.21106 §4, "Optimiser"): MuonH + AdamW groups, transfer rules, lr schedules.
 
 - ``config``     ``OptimConfig``, the paper's defaults and reference point
-- ``muonh``      ``MuonH`` (hyperspherical Muon) and ``newton_schulz5``
+- ``muonh``      ``MuonH`` (hyperspherical Muon), ``orthogonalize`` (Polar Express or NS5)
 - ``transfer``   ``resolve_lrs``: the paper's width / batch / data transfer rules
 - ``schedules``  ``linear_decay`` (the paper), ``cosine``, ``wsd`` as ``multiplier(step, total_steps)``
 - ``build``      ``build_optimizers`` -> ``Optimizers`` (step, zero_grad, set_lr, state_dict)
 
 Typical use in a trainer::
 
-    opt = build_optimizers(model.param_groups(), cfg, d_model=d, tokens_per_step=B, total_tokens=D)
+    opt = build_optimizers(model.param_groups(), cfg, d_model=d, tokens_per_step=B, total_tokens=D, r=r)
     log(opt.base_lrs)
     for step in range(total_steps):
         opt.set_lr_for_step(step, total_steps)   # or opt.set_lr(schedule(step, total_steps))
@@ -19,9 +19,9 @@ The update rules, defaults and assumptions are written up in docs/optim.md.
 
 from loopscale.optim.build import Optimizers, build_optimizers
 from loopscale.optim.config import OptimConfig
-from loopscale.optim.muonh import MuonH, newton_schulz5
+from loopscale.optim.muonh import MuonH, newton_schulz5, orthogonalize
 from loopscale.optim.schedules import cosine, linear_decay, lr_schedule, wsd
-from loopscale.optim.transfer import reference_lrs, resolve_lrs, transfer_factors
+from loopscale.optim.transfer import reference_lrs, resolve_lrs, tokens_ref, transfer_factors
 
 __all__ = [
     "MuonH",
@@ -32,8 +32,10 @@ __all__ = [
     "linear_decay",
     "lr_schedule",
     "newton_schulz5",
+    "orthogonalize",
     "reference_lrs",
     "resolve_lrs",
+    "tokens_ref",
     "transfer_factors",
     "wsd",
 ]

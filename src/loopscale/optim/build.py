@@ -89,8 +89,8 @@ def _adamw(groups: list[dict], cfg: OptimConfig) -> torch.optim.AdamW:
 
 
 def build_optimizers(param_groups: dict[str, list[torch.nn.Parameter]], cfg: OptimConfig, *, d_model: int,
-                     tokens_per_step: int, total_tokens: float) -> Optimizers:
-    """Build the run's optimisers with lrs resolved for (d_model, tokens_per_step, total_tokens).
+                     tokens_per_step: int, total_tokens: float, r: int) -> Optimizers:
+    """Build the run's optimisers with lrs resolved for (d_model, tokens_per_step, total_tokens, r).
 
     Empty groups and parameters with ``requires_grad = False`` are left out.
     """
@@ -104,7 +104,7 @@ def build_optimizers(param_groups: dict[str, list[torch.nn.Parameter]], cfg: Opt
                 raise ValueError(f"param_groups: a parameter of shape {tuple(p.shape)} appears twice "
                                  f"(again in '{name}'); tied weights must be listed once")
             seen.add(id(p))
-    lrs = resolve_lrs(cfg, d_model=d_model, tokens_per_step=tokens_per_step, total_tokens=total_tokens)
+    lrs = resolve_lrs(cfg, d_model=d_model, tokens_per_step=tokens_per_step, total_tokens=total_tokens, r=r)
     groups = {k: [p for p in param_groups.get(k, []) if p.requires_grad] for k in GROUPS}
 
     def group(name: str) -> dict:
@@ -119,7 +119,7 @@ def build_optimizers(param_groups: dict[str, list[torch.nn.Parameter]], cfg: Opt
         if groups["matrix"]:
             muon = MuonH([{"params": groups["matrix"], "name": "matrix", "base_lr": lrs["matrix"]}],
                          lr=lrs["matrix"], momentum=cfg.momentum, nesterov=cfg.nesterov,
-                         ns_steps=cfg.ns_steps, ns_dtype=cfg.ns_dtype)
+                         ns_steps=cfg.ns_steps, ns_dtype=cfg.ns_dtype, orthogonalizer=cfg.orthogonalizer)
             optimizers.append(muon)
     adamw_groups = [group(n) for n in adamw_names if groups[n]]
     if adamw_groups:

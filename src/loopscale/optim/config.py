@@ -19,9 +19,9 @@ ScheduleName = Literal["linear_decay", "cosine", "wsd"]
 # The paper's reference point for the transfer rules (docs/optim.md, "Transfer rules").
 D_REF = 640  # d_model of s = 10
 TOKENS_PER_STEP_REF = 2**18  # the paper's global batch
-# D_ref: tokens of the s = 10, r = 1 run at the smallest budget, C / F = 4.64e17 / 1.0275e9 FLOPs/token
-# (PAPER.md section 3 fixture; ``loopscale.accounting.tokens_for_budget`` gives 4.5168e8). An assumption:
-# the paper names the point, not the number.
+# loopscale's former fixed D_ref (before parity with the paper's code): the tokens of the s = 10, r = 1 run
+# at the smallest budget, C / F = 4.64e17 / 1.0275e9. Kept as a documented value for ``tokens_ref``;
+# the default is the paper's per-r rule ``"matched"`` (docs/optim.md, "Transfer rules").
 TOKENS_REF = 4.5168e8
 
 
@@ -50,14 +50,20 @@ class OptimConfig(StrictModel):
     # ---- MuonH -----------------------------------------------------------------------------------
     momentum: float = Field(0.95, ge=0, lt=1, description="MuonH Nesterov momentum")
     nesterov: bool = True
-    ns_steps: int = Field(5, ge=1, description="Newton-Schulz iterations")
+    orthogonalizer: Literal["polar_express", "ns5"] = Field(
+        "polar_express", description="'polar_express' (the paper's per-step coefficients, 1.02 safety) "
+        "or 'ns5' (Muon's fixed quintic Newton-Schulz)")
+    ns_steps: int = Field(5, ge=1, description="orthogonalisation iterations (polar_express: at most 5)")
     ns_dtype: Literal["auto", "bfloat16", "float32"] = Field(
-        "auto", description="Newton-Schulz precision; 'auto' = bfloat16 on CUDA, float32 elsewhere")
+        "auto", description="orthogonalisation precision; 'auto' = bfloat16 on CUDA (the paper's), "
+        "float32 elsewhere (the paper's code uses bfloat16 on every device)")
     # ---- transfer rules --------------------------------------------------------------------------
     transfer: bool = Field(True, description="apply the paper's width / batch / data transfer rules")
     d_ref: int = Field(D_REF, gt=0)
     tokens_per_step_ref: int = Field(TOKENS_PER_STEP_REF, gt=0)
-    tokens_ref: float = Field(TOKENS_REF, gt=0)
+    tokens_ref: Literal["matched"] | float = Field(
+        "matched", description="D_ref of the data rule: 'matched' = the paper's per-r reference "
+        "(10 x effective params of an s = 10 model with the run's r), or a fixed token count")
     # ---- schedule --------------------------------------------------------------------------------
     schedule: ScheduleName = "linear_decay"
     warmup_frac: float = Field(0.0, ge=0, lt=1, description="fraction of steps of linear warmup")
@@ -71,6 +77,10 @@ class OptimConfig(StrictModel):
         for i, b in enumerate(self.betas):
             if not 0.0 <= b < 1.0:
                 raise ConfigError(f"betas[{i}]", "must be in [0, 1)", value=b)
+        if self.orthogonalizer == "polar_express" and self.ns_steps > 5:
+            raise ConfigError("ns_steps", "polar_express has coefficients for at most 5 steps", value=self.ns_steps)
+        if not isinstance(self.tokens_ref, str) and not self.tokens_ref > 0:
+            raise ConfigError("tokens_ref", "must be 'matched' or a positive token count", value=self.tokens_ref)
         if self.schedule == "wsd" and self.warmup_frac + self.decay_frac > 1.0:
             raise ConfigError("decay_frac", f"warmup_frac + decay_frac must be at most 1 "
                               f"(warmup_frac = {self.warmup_frac})", value=self.decay_frac)

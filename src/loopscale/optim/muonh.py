@@ -5,19 +5,25 @@ rho = ||W_0||_F its Frobenius norm when the optimiser was built::
 
     B <- mu B + (1 - mu) G                     momentum buffer (Muon's lerp form)
     U <- (1 - mu) G + mu B                     Nesterov; U = B without Nesterov
-    O <- NS5(U)                                 ~ U V^T for U = U S V^T: all singular values ~1
+    O <- orth(U)                               ~ U V^T for U = U S V^T: all singular values ~1
     W <- rho * N(W - eta * rho * N(O))          N(X) = X / ||X||_F
 
 so ||W||_F = rho after every step and the step moves W by an angle of about eta radians. This is
-"Hyperball" optimisation with Muon as the base update (Wen, Dang, Lyu, Ma, Liang 2025, "Fantastic
-Pretraining Optimizers and Where to Find Them 2.1: Hyperball Optimization", MuonH); Muon's own
-shape factor max(1, m/n)^0.5 disappears in N(O). There is no weight decay: the projection fixes the norm.
+"Hyperball" optimisation with Muon as the base update (MuonH; arXiv 2603.28743, as the paper's
+``muon_step_fused`` in ``nanochat/optim.py``); Muon's own shape factor max(1, m/n)^0.5 disappears in
+N(O). There is no weight decay: the projection fixes the norm.
 
-NS5 is the quintic Newton-Schulz iteration of Muon (Jordan et al. 2024, https://kellerjordan.github.io/
-posts/muon/; modded-nanogpt): X <- X / ||X||_F, then 5 times X <- a X + (b A + c A^2) X, A = X X^T,
-with (a, b, c) = (3.4445, -4.7750, 2.0315); wide orientation (transpose tall matrices). It maps singular
-values into roughly [0.7, 1.2] rather than exactly 1, which is what Muon uses. The "polar express"
-coefficients (Amsel et al. 2025) are not implemented.
+``orth`` runs five quintic iterations X <- a X + (b A + c A^2) X with A = X X^T on the wide orientation
+(tall matrices are transposed), in the compute dtype (``ns_dtype``):
+
+- ``polar_express`` (the paper's): per-step coefficients of Polar Express (Amsel, Persson, Musco,
+  Gower 2025, arXiv 2505.16932; the paper code's values for 5 steps), after X <- X / (1.02 ||X||_F + 1e-6);
+- ``ns5``: Muon's fixed (3.4445, -4.7750, 2.0315) (Jordan et al. 2024; modded-nanogpt), after
+  X <- X / (||X||_F + 1e-7). It maps singular values into roughly [0.7, 1.2] instead of near 1.
+
+The scaling ``rho * N(O)`` and the step ``eta * (.)`` are computed in the compute dtype too, as the
+paper's code does (in bfloat16 it rounds ``eta`` and the update to bfloat16); the weights and their
+re-projection stay in fp32.
 """
 
 from __future__ import annotations
@@ -27,29 +33,49 @@ from collections.abc import Callable, Iterable
 import torch
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
+# Polar Express for 5 steps (arXiv 2505.16932, safety factor 2e-2, cushion 2), as the paper's code lists them.
+POLAR_EXPRESS_COEFFS: tuple[tuple[float, float, float], ...] = (
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+)
+POLAR_EXPRESS_SAFETY = 1.02
+ORTHOGONALIZERS = ("polar_express", "ns5")
 
 
-def newton_schulz5(G: torch.Tensor, steps: int = 5, dtype: torch.dtype | None = None) -> torch.Tensor:
+def orthogonalize(G: torch.Tensor, steps: int = 5, dtype: torch.dtype | None = None,
+                  method: str = "polar_express") -> torch.Tensor:
     """Approximately orthogonalise the last two dims of ``G`` (a matrix or a batch of same-shape matrices).
 
-    ``dtype`` is the compute precision (default ``G.dtype``; Muon uses bfloat16 on GPU). The result has
-    ``G``'s dtype and shape.
+    ``dtype`` is the compute precision (default ``G.dtype``); the result is in that dtype, ``G``'s shape.
     """
     if G.ndim < 2:
-        raise ValueError(f"newton_schulz5 needs a matrix, got shape {tuple(G.shape)}")
-    a, b, c = NS_COEFFS
+        raise ValueError(f"orthogonalize needs a matrix, got shape {tuple(G.shape)}")
+    if method == "polar_express":
+        if not 1 <= steps <= len(POLAR_EXPRESS_COEFFS):
+            raise ValueError(f"polar_express has coefficients for 1..{len(POLAR_EXPRESS_COEFFS)} steps, got {steps}")
+        coeffs, safety, eps = POLAR_EXPRESS_COEFFS[:steps], POLAR_EXPRESS_SAFETY, 1e-6
+    elif method == "ns5":
+        coeffs, safety, eps = (NS_COEFFS,) * steps, 1.0, 1e-7
+    else:
+        raise ValueError(f"unknown orthogonalizer {method!r}; expected one of {ORTHOGONALIZERS}")
     X = G.to(dtype or G.dtype)
     tall = G.size(-2) > G.size(-1)
     if tall:
         X = X.mT
-    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
-    for _ in range(steps):
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) * safety + eps)
+    for a, b, c in coeffs:
         A = X @ X.mT
         B = b * A + c * (A @ A)
         X = a * X + B @ X
-    if tall:
-        X = X.mT
-    return X.to(G.dtype)
+    return X.mT if tall else X
+
+
+def newton_schulz5(G: torch.Tensor, steps: int = 5, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Muon's fixed-coefficient iteration (``method = 'ns5'``), returned in ``G``'s dtype."""
+    return orthogonalize(G, steps, dtype, "ns5").to(G.dtype)
 
 
 def _wide(x: torch.Tensor) -> torch.Tensor:
@@ -74,15 +100,17 @@ class MuonH(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable[torch.nn.Parameter] | Iterable[dict], lr: float = 0.014,
                  momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5,
-                 ns_dtype: str = "auto") -> None:
+                 ns_dtype: str = "auto", orthogonalizer: str = "polar_express") -> None:
         if lr < 0:
             raise ValueError(f"lr must be non-negative (got {lr})")
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1) (got {momentum})")
         if ns_dtype not in ("auto", "bfloat16", "float32"):
             raise ValueError(f"ns_dtype must be 'auto', 'bfloat16' or 'float32' (got {ns_dtype!r})")
+        if orthogonalizer not in ORTHOGONALIZERS:
+            raise ValueError(f"orthogonalizer must be one of {ORTHOGONALIZERS} (got {orthogonalizer!r})")
         defaults = {"lr": lr, "momentum": momentum, "nesterov": nesterov, "ns_steps": ns_steps,
-                    "ns_dtype": ns_dtype}
+                    "ns_dtype": ns_dtype, "orthogonalizer": orthogonalizer}
         super().__init__(params, defaults)
         for group in self.param_groups:
             for p in group["params"]:
@@ -125,12 +153,13 @@ class MuonH(torch.optim.Optimizer):
             buf.lerp_(p.grad, 1.0 - mu)
             updates.append(_wide(p.grad.lerp(buf, mu) if group["nesterov"] else buf))
         U = torch.stack(updates)
-        O = newton_schulz5(U, group["ns_steps"], _ns_dtype(group["ns_dtype"], U.device)).float()
+        dt = _ns_dtype(group["ns_dtype"], U.device)
+        O = orthogonalize(U, group["ns_steps"], dt, group.get("orthogonalizer", "ns5"))
         rho = torch.tensor([self.state[p].get("init_norm") or self._capture_norm(p) for p in params],
                            dtype=torch.float32, device=U.device).view(-1, 1, 1)
-        O = O / (O.norm(dim=(-2, -1), keepdim=True) + 1e-12)
+        O = O * (rho.to(dt) / O.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))  # ||O||_F = rho
         W = torch.stack([_wide(p.detach()).float() for p in params])
-        W = W - (lr * rho) * O
-        W = W * (rho / W.norm(dim=(-2, -1), keepdim=True))
+        W = W - torch.tensor(lr, dtype=torch.float32, device=U.device).to(dt) * O
+        W = W * (rho / W.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))
         for p, w in zip(params, W.unbind(0), strict=True):
             p.copy_(w.mT if p.size(0) > p.size(1) else w)

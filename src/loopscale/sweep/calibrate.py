@@ -80,7 +80,7 @@ def measure(cfg: TrainConfig, rows: int, *, steps: int = 2) -> tuple[float, floa
         for b in model.blocks():
             b.compile()
     opt = build_optimizers(model.param_groups(), cfg.optim, d_model=cfg.model.width,
-                           tokens_per_step=cfg.tokens_per_step, total_tokens=1e9)
+                           tokens_per_step=cfg.tokens_per_step, total_tokens=1e9, r=cfg.model.r)
     dtype = resolved_dtype(device, cfg.run.dtype)
     T, V = cfg.model.seq_len, min(cfg.model.vocab_size, 256)
     x = torch.randint(0, V, (rows, T), device=device)
@@ -92,8 +92,7 @@ def measure(cfg: TrainConfig, rows: int, *, steps: int = 2) -> tuple[float, floa
 
     def fwd_bwd() -> None:
         with autocast(device, dtype):
-            logits = model(x)
-            loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
+            loss = model(x, y)
         loss.backward()
 
     fwd_bwd()

@@ -11,11 +11,14 @@ A spec is a TOML file (``docs/sweep.md`` lists every key)::
     "5e11" = [16, 32, 48]
     [sweep.variants.truncated_bptt]    # recipes besides the implicit "baseline"
     model = { bptt_k = "half" }        # k = ceil(r / 2), the paper's probe
+    widths_add = { "5e11" = [64] }     # extra widths of this variant's own runs (or widths = {...}: replace)
     [train.model]                      # the shared TrainConfig tables: model, data, optim, run
     head_dim = 16
 
 r = 1 runs are shared by every variant (the paper reuses them across probes): they belong to
-"baseline" unless a variant says ``r1 = "own"``. Run ids are stable and readable:
+"baseline" unless a variant says ``r1 = "own"``; ``sweep.r1_model`` changes the model of every
+r = 1 run (the paper's r = 1 baseline is a 0+20+0 loop of one, not the plain stack). A variant's
+``widths`` / ``widths_add`` change only its own runs. Run ids are stable and readable:
 ``C1e+12_r4_d64_baseline_s0``. Every mistake is a one-line ConfigError naming the file and field.
 """
 
@@ -65,6 +68,8 @@ class SweepTable(StrictModel):
     seed_data: bool = Field(False, description="seeds also set data.seed (a different data order per seed)")
     max_retries: int = Field(2, ge=0, description="retries of a failed run before it is left failed")
     widths: dict[str, Any] = Field(..., description="explicit widths per budget, or a rule")
+    r1_model: dict[str, Any] = Field(default_factory=dict, description="[train.model] overrides of every "
+                                     "r = 1 run (e.g. the paper's 0+20+0 loop of one)")
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
     checks: Checks = Field(default_factory=Checks)
 
@@ -92,6 +97,12 @@ class Variant(StrictModel):
     run: dict[str, Any] = Field(default_factory=dict)
     r: list[int] | None = Field(None, description="subset of sweep.r (default: all)")
     r1: Literal["shared", "own"] = Field("shared", description="'shared': reuse the baseline's r = 1 runs")
+    widths: dict[str, Any] = Field(default_factory=dict, description="replace some budgets' widths (sweep unit)")
+    widths_add: dict[str, Any] = Field(default_factory=dict, description="add widths to some budgets (sweep unit)")
+
+    def own_r(self, sweep_r: list[int]) -> list[int]:
+        """The r of the runs this variant trains itself (shared r = 1 runs are the baseline's)."""
+        return [r for r in (self.r or sweep_r) if not (r == 1 and self.r1 == "shared")]
 
 
 # ---- planned runs ------------------------------------------------------------------------------
@@ -144,6 +155,8 @@ class SweepSpec:
     width_rule: dict[str, Any] | None
     variants: dict[str, Variant]
     train: dict[str, Any]
+    variant_widths: dict[str, dict[tuple[float, int], list[int]]] = field(default_factory=dict)  # own runs
+    r1_model: dict[str, Any] = field(default_factory=dict)
     executors: dict[str, dict[str, Any]] = field(default_factory=dict)  # [local], [slurm] tables
     fit: FitTable = field(default_factory=FitTable)
     raw: dict[str, Any] = field(default_factory=dict)
@@ -152,6 +165,10 @@ class SweepSpec:
     @property
     def variant_names(self) -> list[str]:
         return [BASELINE, *self.variants]
+
+    def widths_for(self, variant: str, C: float, r: int) -> list[int]:
+        """d_model values of ``variant``'s runs at (C, r): its own widths where it sets them, else the sweep's."""
+        return self.variant_widths.get(variant, {}).get((C, r), self.widths[(C, r)])
 
     def runs(self, variants: list[str] | None = None) -> list[RunSpec]:
         """Every run, in plan order (budget, variant, r, width, seed); r = 1 runs listed once."""
@@ -182,6 +199,11 @@ class SweepSpec:
             same = all(v == per_r[self.r[0]] for v in per_r.values())
             widths[budget_label(c)] = per_r[self.r[0]] if same else {f"r{r}": v for r, v in per_r.items()}
         sweep["widths"] = widths
+        if self.width_rule:  # widths_add on top of a rule: write out what it gave (the rule may change)
+            for name, per in self.variant_widths.items():
+                table = sweep["variants"][name]
+                table.pop("widths_add", None)
+                table["widths"] = _width_table(per, self.budgets, self.variants[name].own_r(self.r), scale)
         head = f"# loopscale sweep spec as run (from {self.source})"
         if self.width_rule:
             rule = ", ".join(f"{k} = {v!r}" for k, v in self.width_rule.items())
@@ -281,11 +303,15 @@ def spec_from_dict(data: dict[str, Any], *, source: str = "spec", base_dir: Path
     base_model = _base_model(train, source)
     widths, unit, rule = _resolve_widths(table, base_model, source, base_dir)
     for (c, _r), ds in widths.items():
-        for d in ds:
-            if d % base_model.head_dim:
-                raise ConfigError(f"sweep.widths.{budget_label(c)}",
-                                  f"width d_model={d} does not divide into heads of head_dim={base_model.head_dim}",
-                                  value=d if unit == "d_model" else d // 64, source=source)
+        _check_heads(ds, base_model.head_dim, f"sweep.widths.{budget_label(c)}", unit, source)
+    variant_widths = {}
+    for name, v in variants.items():
+        head_dim = v.model.get("head_dim")  # a bad value is reported by the run's config, named with the run
+        head_dim = head_dim if isinstance(head_dim, int) and head_dim > 0 else base_model.head_dim
+        own = _variant_widths(f"sweep.variants.{name}", v, table, widths, unit, rule is not None, head_dim, source)
+        if own:
+            variant_widths[name] = own
+    _check_r1_model(table, train, source)
     rest = base_model.L_eff - base_model.n_prelude - base_model.n_coda
     for r in table.r:
         if rest % r:
@@ -301,7 +327,8 @@ def spec_from_dict(data: dict[str, Any], *, source: str = "spec", base_dir: Path
     spec = SweepSpec(
         name=table.name, source=source, budgets=list(table.budgets), r=list(table.r), seeds=list(table.seeds),
         seed_data=table.seed_data, max_retries=table.max_retries, checks=table.checks, widths=widths,
-        width_unit=unit, width_rule=rule, variants=variants, train=train,
+        width_unit=unit, width_rule=rule, variants=variants, train=train, variant_widths=variant_widths,
+        r1_model=dict(table.r1_model),
         executors={k: dict(data.get(k) or {}) for k in ("local", "slurm")}, raw=raw,
         fit=validate(FitTable, data.get("fit") or {}, source=source, prefix="fit"),
     )
@@ -333,6 +360,21 @@ def _forbid_sweep_keys(tables: dict[str, Any], prefix: str, source: str) -> None
                                   "remove it", value=sub[k], source=source)
 
 
+def _check_r1_model(table: SweepTable, train: dict[str, Any], source: str) -> None:
+    """``sweep.r1_model``: model keys only, none the sweep sets, and a valid model at r = 1 with them."""
+    if not table.r1_model:
+        return
+    if 1 not in table.r:
+        raise ConfigError("sweep.r1_model", f"sweep.r = {table.r} has no r = 1 runs to apply it to", source=source)
+    for k in _SET_BY_SWEEP["model"]:
+        if k in table.r1_model:
+            raise ConfigError(f"sweep.r1_model.{k}", "is set by the sweep (from sweep.r or sweep.widths); remove it",
+                              value=table.r1_model[k], source=source)
+    model = {**(train.get("model") or {}), **table.r1_model}
+    model = _resolve_half({**model, "r": 1, "d_model": model.get("head_dim", 128)}, 1)
+    validate(ModelConfig, model, source=source, prefix="sweep.r1_model")
+
+
 def _base_model(train: dict[str, Any], source: str) -> ModelConfig:
     """The baseline [train.model] at its smallest legal width (for head_dim, depth and rule templates)."""
     from loopscale.train.config import DEFAULT_MODEL
@@ -350,17 +392,24 @@ def _base_model(train: dict[str, Any], source: str) -> ModelConfig:
 
 
 # ---- widths ------------------------------------------------------------------------------------
-def _parse_budget_key(key: str, budgets: list[float], source: str) -> float:
+def _parse_budget_key(key: str, budgets: list[float], source: str, where: str = "sweep.widths") -> float:
     try:
         c = float(key)
     except ValueError:
-        raise ConfigError(f"sweep.widths.{key}", "keys are budgets written as numbers, e.g. \"1e12\"",
+        raise ConfigError(f"{where}.{key}", "keys are budgets written as numbers, e.g. \"1e12\"",
                           source=source) from None
     for b in budgets:
         if math.isclose(b, c, rel_tol=1e-9):
             return b
-    raise ConfigError(f"sweep.widths.{key}", f"not one of sweep.budgets {[budget_label(b) for b in budgets]}",
+    raise ConfigError(f"{where}.{key}", f"not one of sweep.budgets {[budget_label(b) for b in budgets]}",
                       source=source)
+
+
+def _check_heads(ds: list[int], head_dim: int, where: str, unit: str, source: str) -> None:
+    for d in ds:
+        if d % head_dim:
+            raise ConfigError(where, f"width d_model={d} does not divide into heads of head_dim={head_dim}",
+                              value=d if unit == "d_model" else d // 64, source=source)
 
 
 def _width_list(values: Any, where: str, unit: str, source: str) -> list[int]:
@@ -413,6 +462,66 @@ def _resolve_widths(table: SweepTable, base: ModelConfig, source: str,
     return out, unit, None
 
 
+def _variant_widths(where: str, v: Variant, table: SweepTable, base: dict[tuple[float, int], list[int]],
+                    unit: str, ruled: bool, head_dim: int, source: str) -> dict[tuple[float, int], list[int]]:
+    """A variant's own widths: the sweep's, with ``widths`` replacing and ``widths_add`` extending budgets.
+
+    Under a width rule an added width the rule already chose is kept once (the rule's choice is not
+    known when the spec is written); with explicit widths it is an error (a typo or a stale list).
+    """
+    if not v.widths and not v.widths_add:
+        return {}
+    own = v.own_r(table.r)
+    replace = _variant_width_table(v.widths, f"{where}.widths", table.budgets, own, unit, head_dim, source)
+    add = _variant_width_table(v.widths_add, f"{where}.widths_add", table.budgets, own, unit, head_dim, source)
+    key_of = {_parse_budget_key(k, table.budgets, source): k for k in v.widths_add}  # errors name the key as written
+    both = [c for c in table.budgets if any(b == c for b, _ in replace) and any(b == c for b, _ in add)]
+    if both:
+        raise ConfigError(f"{where}.widths_add.{key_of[both[0]]}", "this budget is also in widths "
+                          "(which replaces its widths); list its full set there", source=source)
+    out = {key: replace.get(key, base[key]) for key in ((c, r) for c in table.budgets for r in own)}
+    for (c, r), ds in add.items():
+        dup = [d for d in ds if d in out[(c, r)]]
+        if dup and not ruled:
+            raise ConfigError(f"{where}.widths_add.{key_of[c]}", f"already in sweep.widths (r = {r}); "
+                              "list only the widths to add", value=dup[0] // (64 if unit == "s" else 1),
+                              source=source)
+        out[(c, r)] = sorted({*out[(c, r)], *ds})
+    return out
+
+
+def _variant_width_table(raw: dict[str, Any], where: str, budgets: list[float], own: list[int], unit: str,
+                         head_dim: int, source: str) -> dict[tuple[float, int], list[int]]:
+    """``{budget = [widths]}`` or ``{budget = {rK = [widths]}}`` -> (C, r) -> d_model values."""
+    out: dict[tuple[float, int], list[int]] = {}
+    for key, values in raw.items():
+        c = _parse_budget_key(key, budgets, source, where)
+        if any(b == c for b, _ in out):
+            raise ConfigError(f"{where}.{key}", "the same budget twice", source=source)
+        per_r = values if isinstance(values, dict) else {f"r{r}": values for r in own}
+        names = {f"r{r}": r for r in own}
+        for rk, ds in per_r.items():
+            if rk not in names:
+                raise ConfigError(f"{where}.{key}.{rk}", f"expected keys {sorted(names)} (the r of this "
+                                  "variant's own runs; shared r = 1 runs keep the baseline's widths)",
+                                  source=source)
+            loc = f"{where}.{key}" + (f".{rk}" if isinstance(values, dict) else "")
+            out[(c, names[rk])] = _width_list(ds, loc, unit, source)
+            _check_heads(out[(c, names[rk])], head_dim, loc, unit, source)
+    return out
+
+
+def _width_table(widths: dict[tuple[float, int], list[int]], budgets: list[float], rs: list[int],
+                 scale: int) -> dict[str, Any]:
+    """(C, r) -> d_model back to TOML: one list per budget, or a per-r table where the r differ."""
+    out: dict[str, Any] = {}
+    for c in budgets:
+        per_r = {r: [d // scale for d in widths[(c, r)]] for r in rs}
+        same = all(ds == per_r[rs[0]] for ds in per_r.values())
+        out[budget_label(c)] = per_r[rs[0]] if same else {f"r{r}": ds for r, ds in per_r.items()}
+    return out
+
+
 def _rule_widths(rule: WidthRule, table: SweepTable, base: ModelConfig, source: str,
                  base_dir: Path | None) -> dict[tuple[float, int], list[int]]:
     """k widths (multiples of ``step``) nearest in log-width to the law's optimum per budget."""
@@ -461,14 +570,21 @@ def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _resolve_half(model: dict[str, Any], r: int) -> dict[str, Any]:
+    if model.get("bptt_k") == "half":
+        model["bptt_k"] = math.ceil(r / 2)  # the paper's truncated-BPTT probe: the last ceil(r/2) recurrences
+    return model
+
+
 def _run_config(spec: SweepSpec, variant: str, C: float, r: int, d: int, seed: int, run_id: str) -> TrainConfig:
+    """[train], then (r = 1) sweep.r1_model, then the variant's tables, then the sweep's own keys."""
     data = copy.deepcopy(spec.train)
+    if r == 1 and spec.r1_model:
+        data = _deep_merge(data, {"model": spec.r1_model})
     if variant != BASELINE:
         v = spec.variants[variant]
         data = _deep_merge(data, {"model": v.model, "data": v.data, "optim": v.optim, "run": v.run})
-    model = dict(data.get("model") or {})
-    if model.get("bptt_k") == "half":
-        model["bptt_k"] = math.ceil(r / 2)  # the paper's truncated-BPTT probe: the last ceil(r/2) recurrences
+    model = _resolve_half(dict(data.get("model") or {}), r)
     model.update(r=r, d_model=d)
     run = dict(data.get("run") or {})
     run.update(budget=C, seed=seed)
@@ -491,7 +607,7 @@ def _expand(spec: SweepSpec) -> list[RunSpec]:
             for r in rs:
                 if r == 1 and v is not None and v.r1 == "shared":
                     continue  # the baseline's r = 1 runs serve every variant
-                for d in spec.widths[(c, r)]:
+                for d in spec.widths_for(variant, c, r):
                     for seed in spec.seeds:
                         rid = run_id_for(c, r, d, variant, seed)
                         if rid in seen:

@@ -13,6 +13,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -146,12 +147,18 @@ def _user_rows(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int) -> tuple[tor
         h.update(d.encode("utf-8") if isinstance(d, str) else np.asarray(d, dtype=np.int64).tobytes())
     if cfg.source == "shards":
         bos = cfg.bos_id if cfg.bos_id is not None else tokenizer.bos_id
-        train = pack_rows((d.tolist() for d in train_docs), seq_len, bos, seed=cfg.seed)
-        val = pack_rows((d.tolist() for d in val_docs), seq_len, bos, seed=cfg.seed, shuffle=False)
+        train = pack_rows((d.tolist() for d in train_docs), seq_len, bos, seed=cfg.seed, **_packing(cfg))
+        val = pack_rows((d.tolist() for d in val_docs), seq_len, bos, seed=cfg.seed, shuffle=False,
+                        **_packing(cfg))
     else:
-        train = pack_texts(train_docs, tokenizer, seq_len, seed=cfg.seed)
-        val = pack_texts(val_docs, tokenizer, seq_len, seed=cfg.seed, shuffle=False)
+        train = pack_texts(train_docs, tokenizer, seq_len, seed=cfg.seed, **_packing(cfg))
+        val = pack_texts(val_docs, tokenizer, seq_len, seed=cfg.seed, shuffle=False, **_packing(cfg))
     return train, val, h.hexdigest()
+
+
+def _packing(cfg: DataConfig) -> dict[str, Any]:
+    """The packer's settings; both are in ``cfg`` and so in the cache key: one mode's rows never serve the other."""
+    return {"packing": cfg.packing, "buffer": cfg.packing_buffer}
 
 
 def _cap_text(docs: list[str], max_bytes: int) -> list[str]:
@@ -181,8 +188,8 @@ def load_token_data(cfg: DataConfig, seq_len: int, *, use_cache: bool = True) ->
             path.unlink(missing_ok=True)
     if cfg.source == "default":  # bytes, or a BPE (e.g. `loopscale tokenizer train --default`)
         data = build_default(cfg)
-        train = pack_texts(data.train_docs, tokenizer, seq_len, seed=cfg.seed)
-        val = pack_texts(data.val_docs, tokenizer, seq_len, seed=cfg.seed, shuffle=False)
+        train = pack_texts(data.train_docs, tokenizer, seq_len, seed=cfg.seed, **_packing(cfg))
+        val = pack_texts(data.val_docs, tokenizer, seq_len, seed=cfg.seed, shuffle=False, **_packing(cfg))
         fingerprint = data.fingerprint()
     else:
         train, val, fingerprint = _user_rows(cfg, tokenizer, seq_len)

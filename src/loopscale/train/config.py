@@ -75,6 +75,22 @@ class TrainConfig(StrictModel):
             return accounting.steps_for_budget(self.model, run.budget, self.tokens_per_step)
         raise ConfigError("run", "set one of run.budget, run.tokens or run.steps")
 
+    def lr_tokens(self) -> float:
+        """D of the matrix-lr data rule: for a budget run the paper code's target ``int(C / F)`` (not the
+        whole steps actually trained), otherwise the planned tokens (arXiv 2604.21106 §4)."""
+        if self.run.budget is not None:
+            return float(int(accounting.tokens_for_budget(self.model, self.run.budget)))
+        if self.run.tokens is not None:
+            return float(self.run.tokens)
+        return float(self.total_steps() * self.tokens_per_step)
+
+    def lrs(self) -> dict[str, float]:
+        """The peak learning rate per optimiser group this run will use (before the schedule)."""
+        from loopscale.optim.transfer import resolve_lrs
+
+        return resolve_lrs(self.optim, d_model=self.model.width, tokens_per_step=self.tokens_per_step,
+                           total_tokens=self.lr_tokens(), r=self.model.r)
+
     def check_length(self) -> int:
         steps = self.total_steps()
         if steps < self.run.min_steps:

@@ -134,9 +134,7 @@ def val_loss_stats(model: torch.nn.Module, rows: torch.Tensor, *, micro_batch: i
         chunk = mine[i : i + micro_batch].to(device)
         x, y = chunk[:, :-1], chunk[:, 1:]
         with autocast(device, dtype):
-            logits = model(x)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1),
-                                                 reduction="none").view(y.shape).double()
+            loss = model(x, y, reduction="none").view(y.shape).double()
         row_means = loss.mean(dim=1)
         total += torch.stack([loss.sum(), torch.tensor(float(y.numel()), dtype=torch.float64, device=device),
                               row_means.sum(), row_means.square().sum()])
@@ -224,7 +222,7 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
     f_token = accounting.train_flops_per_token(cfg.model)
     tokens_per_step = cfg.tokens_per_step
     opt = build_optimizers(model.param_groups(), cfg.optim, d_model=cfg.model.width,
-                           tokens_per_step=tokens_per_step, total_tokens=total_steps * tokens_per_step)
+                           tokens_per_step=tokens_per_step, total_tokens=cfg.lr_tokens(), r=cfg.model.r)
     start = 0
     state = ck.load_checkpoint(run_dir)
     if state is not None:
@@ -266,8 +264,7 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 sync = nullcontext() if (dist.world == 1 or m_i == n_micro - 1) else train_model.no_sync()
                 with sync, autocast(device, dtype):
-                    logits = train_model(x)
-                    loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
+                    loss = train_model(x, y)
                 (loss / n_micro).backward()
                 loss_sum += loss.detach()
             opt.step()
