@@ -26,7 +26,7 @@ def fit(df, *, starts=500, seed=0, weights=None, tight=False):
     """Best of ``starts`` L-BFGS-B runs; returns (theta, objective, n_starts_run).
 
     ``tight``: ftol = 1e-15, gtol = 1e-12 instead of scipy's defaults (which stop early on an
-    objective this small, the pitfall PAPER.md section 5 names).
+    objective this small, the pitfall arXiv 2604.21106 §5 names).
     """
     options = {"ftol": 1e-15, "gtol": 1e-12, "maxiter": 15000} if tight else {}
     cols = [df[c].to_numpy(float) for c in ("N_once", "N_rec", "r", "D", "val_loss")]

@@ -41,11 +41,7 @@ from plain_gpt import PlainGPT, PlainPaperGPT, plain_optimizer
 def make_step(model, opts, x, device, dtype):
     def step() -> None:
         with autocast(device, dtype):
-            if isinstance(model, LoopedLM):
-                logits = model(x[:, :-1])
-                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1))
-            else:
-                loss = model.loss(x[:, :-1], x[:, 1:])
+            loss = model(x[:, :-1], x[:, 1:]) if isinstance(model, LoopedLM) else model.loss(x[:, :-1], x[:, 1:])
         loss.backward()
         for opt in opts:
             opt.step()
@@ -94,7 +90,7 @@ def main() -> None:
                         for b in m.blocks():
                             b.compile()
                     opt = build_optimizers(m.param_groups(), OptimConfig(name=optim, transfer=False), d_model=d,
-                                           tokens_per_step=args.batch * args.seq_len, total_tokens=1e9)
+                                           tokens_per_step=args.batch * args.seq_len, total_tokens=1e9, r=r)
                     name = f"r={r} {dtype}{' compile' if compiled else ''}{' adamw' if optim == 'adamw' else ''}"
                     variants[name] = (make_step(m, [opt], x, device, dtype), cfg)
         for name, (step, _) in variants.items():  # warm-up (and compile)

@@ -1,4 +1,4 @@
-"""Accounting against the paper's fixtures (PAPER.md section 3)."""
+"""Accounting against the paper's fixtures (arXiv 2604.21106 §3)."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""The looped model behaves as PAPER.md section 2 describes."""
+"""The looped model behaves as arXiv 2604.21106 §2 describes."""
 
 import pytest
 import torch

@@ -146,3 +146,24 @@ def test_paper_grid_learning_rates_and_horizon_match_the_papers_code(run: dict[s
     assert tcfg.total_steps() == run["num_iterations"]
     lrs = tcfg.lrs()
     assert {k: lrs[k] for k in run["lrs"]} == pytest.approx(run["lrs"], rel=1e-12)
+
+
+def test_info_prints_the_learning_rates_the_papers_code_gives_a_paper_grid_run(capsys, tmp_path: Path) -> None:
+    from loopscale.cli import run_app
+
+    run = next(r for r in GRID if (r["s"], r["r"], r["C"], r["probe"]) == (20, 4, 2.15e19, "baseline"))
+    assert run_app(["info", "--set", "model.s=20", "--set", "model.r=4", "--budget", "2.15e19", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)[0]
+    assert row["lrs"] == pytest.approx(run["lrs"] | {"scalar": row["lrs"]["scalar"]}, rel=1e-12)
+    assert row["steps"] == run["num_iterations"] and row["D_ref"] == run["D_ref"]
+    assert row["lr_tokens"] == run["target_tokens"]
+
+    config = tmp_path / "run.toml"  # a training config: its own batch, lr_scale and length
+    config.write_text("[model]\nd_model = 64\nhead_dim = 16\nL_eff = 12\nr = 4\nseq_len = 128\nvocab_size = 257\n"
+                      "[optim]\nlr_scale = 10.0\n[run]\nbudget = 3e11\nbatch_size = 16\n")
+    assert run_app(["info", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "learning rates" in out and "2,048 tokens/step" in out
+    tcfg = _train_config(ModelConfig(d_model=64, head_dim=16, L_eff=12, r=4, seq_len=128, vocab_size=257),
+                         {"budget": 3e11, "batch_size": 16}, OptimConfig(lr_scale=10.0))
+    assert f"{tcfg.lrs()['matrix']:.6g}" in out

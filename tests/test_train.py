@@ -85,9 +85,9 @@ def test_nan_loss_stops_the_run_as_diverged(tmp_path: Path, monkeypatch: pytest.
     calls = {"n": 0}
     forward = LoopedLM.forward
 
-    def poisoned(self, idx, **kw):
+    def poisoned(self, idx, targets=None, **kw):
         calls["n"] += 1
-        out = forward(self, idx, **kw)
+        out = forward(self, idx, targets, **kw)
         return out * math.nan if calls["n"] > 4 else out
 
     monkeypatch.setattr(LoopedLM, "forward", poisoned)

@@ -1,4 +1,4 @@
-"""Parameter and FLOP accounting: the one source of truth (PAPER.md section 3).
+"""Parameter and FLOP accounting: the one source of truth (arXiv 2604.21106 §3).
 
 Pure functions of a ModelConfig; nothing here instantiates a model or imports torch, so the fit,
 the planner and the sweep can use it on any machine. ``tests/test_accounting.py`` checks it against
@@ -122,20 +122,20 @@ def reference_tokens(r: int, d_ref: int = 640) -> int:
 
 
 # ---- FLOPs --------------------------------------------------------------------------------
-def _block_flop_params(cfg: ModelConfig) -> int:
+def _block_flop_params(cfg: ModelConfig, norm_scales: bool = True) -> int:
     """A block's params as the paper's FLOP count sees them: its matrices plus its two norm scales."""
-    return block_params(cfg) + 2 * cfg.width
+    return block_params(cfg) + (2 * cfg.width if norm_scales else 0)
 
 
-def _once_flop_params(cfg: ModelConfig) -> int:
+def _once_flop_params(cfg: ModelConfig, norm_scales: bool = True) -> int:
     """Params run once per token in the FLOP count: prelude and coda blocks and the LM head."""
-    return (cfg.n_prelude + cfg.n_coda) * _block_flop_params(cfg) + N_head(cfg)
+    return (cfg.n_prelude + cfg.n_coda) * _block_flop_params(cfg, norm_scales) + N_head(cfg)
 
 
-def _rec_matmul_params(cfg: ModelConfig) -> int:
+def _rec_matmul_params(cfg: ModelConfig, norm_scales: bool = True) -> int:
     """Per-recurrence 'equivalent params' of the recurrent stack (matmul FLOPs / 2 per token)."""
     d = cfg.width
-    base = cfg.n_recur * _block_flop_params(cfg)
+    base = cfg.n_recur * _block_flop_params(cfg, norm_scales)
     if not cfg.is_looped:
         return base
     if cfg.injection == "linear":
@@ -151,10 +151,14 @@ def _attn_flops_per_layer(cfg: ModelConfig, context: int) -> int:
     return 4 * cfg.n_head * cfg.head_dim * context
 
 
-def train_flops_per_token(cfg: ModelConfig, *, include_attention: bool = True) -> float:
-    """F: training (forward + backward) FLOPs per token, PAPER.md section 3."""
-    once = _once_flop_params(cfg)
-    rec = _rec_matmul_params(cfg)
+def train_flops_per_token(cfg: ModelConfig, *, include_attention: bool = True, norm_scales: bool = True) -> float:
+    """F: training (forward + backward) FLOPs per token (arXiv 2604.21106 §3, as the paper's code counts).
+
+    ``norm_scales = False`` leaves out the blocks' norm scales: the matmul and attention FLOPs alone,
+    what ``torch.utils.flop_counter`` sees (tests/test_flops.py).
+    """
+    once = _once_flop_params(cfg, norm_scales)
+    rec = _rec_matmul_params(cfg, norm_scales)
     k = cfg.k_grad
     detached = cfg.r - k
     matmul = 6 * once + 6 * k * rec + 2 * detached * rec

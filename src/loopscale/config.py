@@ -1,4 +1,4 @@
-"""Typed configuration. Every field is named as in PAPER.md; errors name the field.
+"""Typed configuration. Every field is named as in the paper (arXiv 2604.21106); errors name the field.
 
 This module holds the model config used by ``accounting`` and ``model``; the training, data and
 sweep configs live beside the code that owns them and are composed in ``loopscale.train``.
@@ -24,7 +24,7 @@ class StrictModel(BaseModel):
 
 
 class ModelConfig(StrictModel):
-    """Prelude-recur-coda layout and block shape (PAPER.md section 2).
+    """Prelude-recur-coda layout and block shape (arXiv 2604.21106 §2).
 
     ``L_eff = n_prelude + r * n_recur + n_coda``; ``r = 1`` is the plain (non-looped) stack of
     ``L_eff`` unique layers. Width is ``d_model`` or the paper's ``s`` with ``d_model = 64 s``.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -50,36 +51,97 @@ def _probe_table() -> Table:
     return table
 
 
+def _train_config(data: dict[str, Any], budget: float | None, tokens_per_step: int | None, source: str) -> Any:
+    """The run a config (plus --budget / --tokens-per-step) describes, for its learning rates."""
+    from loopscale.train.config import train_config_from_dict
+
+    tables = {k: dict(v) for k, v in data.items() if k in ("model", "data", "optim", "run") and isinstance(v, dict)}
+    run = tables.setdefault("run", {})
+    if budget is not None:
+        for key in ("tokens", "steps"):
+            run.pop(key, None)
+        run["budget"] = budget
+    if tokens_per_step is not None or "batch_size" not in run:
+        seq_len = int(tables["model"].get("seq_len", 2048))
+        run["batch_size"] = max(1, (tokens_per_step or grids.PAPER_TOKENS_PER_STEP) // seq_len)
+    run.setdefault("min_steps", 1)
+    return train_config_from_dict(tables, source)
+
+
+def _lr_fields(tcfg: Any) -> dict[str, Any]:
+    """Peak lr per group and the transfer rules' inputs, as the trainer will resolve them."""
+    from loopscale.optim.transfer import tokens_ref, transfer_factors
+
+    m = tcfg.model
+    f = transfer_factors(tcfg.optim, d_model=m.width, tokens_per_step=tcfg.tokens_per_step,
+                         total_tokens=tcfg.lr_tokens(), r=m.r)
+    return {"lrs": tcfg.lrs(), "lr_factors": f, "lr_tokens": tcfg.lr_tokens(),
+            "D_ref": tokens_ref(tcfg.optim, m.r), "tokens_per_step": tcfg.tokens_per_step,
+            "steps": tcfg.total_steps()}
+
+
+def _lr_table(fields: dict[str, Any], optim: Any) -> Table:
+    f = fields["lr_factors"]
+    table = Table(title="learning rates: peak per optimiser group (docs/optim.md)",
+                  caption=f"B = {fields['tokens_per_step']:,} tokens/step, D = {fields['lr_tokens']:.6g}, "
+                  f"D_ref = {fields['D_ref']:.6g}; {fields['steps']:,} steps, {optim.schedule} to "
+                  f"{optim.final_lr_frac:g} x peak")
+    for c in ("group", "lr", "x width", "x batch", "x data", "x lr_scale"):
+        table.add_column(c, justify="left" if c == "group" else "right")
+    batch_scaled = ("matrix", "embed", "head")
+    for group, lr in fields["lrs"].items():
+        adamw = group != "matrix" or optim.name == "adamw"
+        table.add_row(group, f"{lr:.6g}", f"{f['width']:.4g}" if adamw else "-",
+                      f"{f['batch']:.4g}" if group in batch_scaled else "-",
+                      f"{f['data']:.4g}" if group == "matrix" else "-", f"{optim.lr_scale:g}")
+    return table
+
+
 @app.command()
 def info(
-    config: Path | None = typer.Argument(None, help="TOML/YAML with a [model] table (default: paper s=10)."),
+    config: Path | None = typer.Argument(None, help="Training config or [model] table (default: paper s=10)."),
     set_: list[str] = typer.Option([], "--set", help="Override, e.g. --set model.r=4 --set model.s=6"),
     grid: str | None = typer.Option(None, "--grid", help="Whole grid: 'paper' (116 runs, and the probes' widths)."),
     budget: float | None = typer.Option(None, "--budget", "-C", help="FLOP budget C for tokens D = C/F."),
-    tokens_per_step: int = typer.Option(grids.PAPER_TOKENS_PER_STEP, help="Global batch in tokens."),
+    tokens_per_step: int | None = typer.Option(
+        None, help="Global batch in tokens (default: the config's run.batch_size x seq_len, else 2^18)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """Print the layout, N_once / N_rec / N_emb, FLOPs per token and tokens for a budget."""
+    """Print the layout, N_once / N_rec / N_emb, FLOPs per token, tokens for a budget and the run's learning rates.
+
+    The learning rates (per optimiser group, after the paper's width / batch / data transfer rules) are shown
+    whenever the run's length is known: a [run] budget, tokens or steps in CONFIG, or --budget.
+    """
+    lr_fields: dict[str, Any] | None = None
+    tcfg = None
     if grid:
         rows = _rows_for_grid(grid)
+        lr_rows = [_lr_fields(_train_config({"model": grids.paper_model(a.d_model // 64, a.r)}, a.budget,
+                                            tokens_per_step, "--grid paper")) for a in rows]
     else:
         data: dict = {"model": {**grids.PAPER_MODEL, "s": 10}}
         if config is not None:
             loaded = load_mapping(config)
-            data = {"model": loaded.get("model", loaded)}
+            data = {**loaded, "model": loaded.get("model", loaded)} if "model" in loaded else {"model": loaded}
         data = apply_overrides(data, set_)
         src = str(config) if config else "--set"
         cfg = validate(ModelConfig, data["model"], source=src, prefix="model")
-        rows = [accounting.account(cfg, budget=budget, tokens_per_step=tokens_per_step)]
+        run = data.get("run") if isinstance(data.get("run"), dict) else {}
+        if budget is not None or any(k in run for k in ("budget", "tokens", "steps")):
+            tcfg = _train_config(data, budget, tokens_per_step, src)
+            lr_fields = _lr_fields(tcfg)
+        tps = lr_fields["tokens_per_step"] if lr_fields else (tokens_per_step or grids.PAPER_TOKENS_PER_STEP)
+        rows = [accounting.account(cfg, budget=budget or (tcfg.run.budget if tcfg else None), tokens_per_step=tps)]
+        lr_rows = [lr_fields]
     if as_json:
-        console.print_json(json.dumps([r.as_dict() for r in rows]))
+        console.print_json(json.dumps([{**r.as_dict(), **(lr or {})} for r, lr in zip(rows, lr_rows, strict=True)]))
         return
     table = Table(title=f"loopscale accounting{' - paper grid, ' + str(len(rows)) + ' runs' if grid else ''}")
     cols = ["C", "d", "r", "layout", "N_once", "N_rec", "N (Table 6)", "N_emb", "F/token", "attn",
-            "D", "D/N", "steps"]
+            "D", "D/N", "steps"] + (["lr matrix", "lr embed"] if grid else [])
     for c in cols:
         table.add_column(c, justify="right")
-    for a in rows:
+    for a, lr in zip(rows, lr_rows, strict=True):
         table.add_row(
             f"{a.budget:.3g}" if a.budget else "-",
             str(a.d_model), str(a.r), a.layout, _fmt_m(a.N_once), _fmt_m(a.N_rec),
@@ -88,7 +150,10 @@ def info(
             f"{a.tokens / 1e9:.3g}B" if a.tokens else "-",
             f"{a.tokens_per_param:.1f}" if a.tokens_per_param else "-",
             str(a.steps) if a.steps is not None else "-",
+            *([f"{lr['lrs']['matrix']:.4g}", f"{lr['lrs']['embed']:.4g}"] if grid and lr else []),
         )
     console.print(table)
+    if tcfg is not None and lr_fields is not None:
+        console.print(_lr_table(lr_fields, tcfg.optim))
     if grid:
         console.print(_probe_table())

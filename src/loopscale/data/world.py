@@ -1,4 +1,4 @@
-"""The task world: a seeded, offline stand-in for the paper's five downstream axes (PAPER.md section 6).
+"""The task world: a seeded, offline stand-in for the paper's five downstream axes (arXiv 2604.21106 §6).
 
 ``build_world(cfg)`` returns training documents (strings mixed into the training stream), held-out
 validation documents, and evaluation items, each a prompt with a gold continuation::

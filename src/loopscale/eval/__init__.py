@@ -1,4 +1,4 @@
-"""Downstream evaluation on five axes (PAPER.md section 6; docs/eval.md).
+"""Downstream evaluation on five axes (arXiv 2604.21106 §6; docs/eval.md).
 
 - ``scoring``    the loss of a gold continuation given a prompt (batched, padded, truncated from the
                  left), greedy generation with the looped KV cache, answer normalisation;

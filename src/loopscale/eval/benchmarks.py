@@ -1,4 +1,4 @@
-"""Loaders for the paper's real benchmarks (PAPER.md section 6), from local files in their standard formats.
+"""Loaders for the paper's real benchmarks (arXiv 2604.21106 §6), from local files in their standard formats.
 
 Nothing is downloaded at run time: each benchmark names the file it reads under ``--data-dir`` and
 says where to get it when the file is missing (docs/eval.md lists them all). Every loader turns the

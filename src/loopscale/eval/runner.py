@@ -77,7 +77,7 @@ class EvalResult:
         raise KeyError(name)
 
     def axes(self) -> dict[str, dict[str, Any]]:
-        """Per axis (in PAPER.md order): macro-averaged loss and accuracy over its scored tasks."""
+        """Per axis (in the paper's order): macro-averaged loss and accuracy over its scored tasks."""
         out: dict[str, dict[str, Any]] = {}
         for axis in [a for a in AXES if any(t.axis == a and not t.control for t in self.tasks)]:
             ts = [t for t in self.tasks if t.axis == axis and not t.control]

@@ -1,4 +1,4 @@
-"""Scoring a model on prompt -> continuation items (PAPER.md section 6): the loss of the gold
+"""Scoring a model on prompt -> continuation items (arXiv 2604.21106 §6): the loss of the gold
 continuation, greedy decoding, and answer matching.
 
     nll(item) = - sum_t log p(gold_t | BOS, prompt, gold_<t)      nats; per token: nll / len(gold)

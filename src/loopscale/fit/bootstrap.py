@@ -1,6 +1,6 @@
 """Block bootstrap over (budget, r) cells: CIs for every coefficient, Delta-phi between variants.
 
-Why cells, not runs (PAPER.md section 5): runs in one (budget, r) cell share a budget, a layout
+Why cells, not runs (arXiv 2604.21106 §5): runs in one (budget, r) cell share a budget, a layout
 and most of their training stream, so their errors are correlated; the law's information about phi
 comes from comparing cells. Resampling whole cells with replacement keeps that structure, and it
 is what the paper did (200 resamples, 2.5/97.5 percentiles).

@@ -3,7 +3,7 @@
 * extrapolation: fit the budgets below the highest, predict the highest budget's runs;
 * leave-one-r-out: fit without one r, predict that r's runs;
 * half split: fit the lower and the upper half of the budgets separately and compare phi
-  (PAPER.md section 5: 0.44 / 0.49). With an odd number of budgets the middle one is in both;
+  (arXiv 2604.21106 §5: 0.44 / 0.49). With an odd number of budgets the middle one is in both;
 * held out: the first two as one RMSE each, for the free law and for the restricted ones (phi = 0, 1),
   so "phi = 0 is worse" is judged on predictions, not only on R^2 in sample.
 

@@ -1,6 +1,6 @@
 """The joint scaling law, its objective and gradients, the multi-start optimiser, and the estimator.
 
-The law (PAPER.md section 1)::
+The law (arXiv 2604.21106 §1)::
 
     L(N_once, N_rec, D, r) = E + A (N_once + r^phi N_rec)^-alpha + B D^-beta
 
@@ -35,7 +35,7 @@ Gauss-Newton (Levenberg-Marquardt) step on the IRLS form of the objective,
 once in numpy (restarts vectorised); steps are projected onto the box and accepted only if ``f``
 decreases. The best distinct end points are then polished with scipy's L-BFGS-B on the exact
 objective with the analytic gradient and tight tolerances (``ftol = 1e-15``: an objective this
-small would otherwise stop L-BFGS-B early, the pitfall PAPER.md section 5 names). The optimum is
+small would otherwise stop L-BFGS-B early, the pitfall arXiv 2604.21106 §5 names). The optimum is
 a local minimum of the paper's objective; the batched stage only decides where L-BFGS-B starts.
 """
 

@@ -1,6 +1,6 @@
 """Compute-optimal analysis: empirical parabola minima and the law-based frontier.
 
-* Empirical optima (PAPER.md section 4): in each (budget, r) cell, a parabola of loss in
+* Empirical optima (arXiv 2604.21106 §4): in each (budget, r) cell, a parabola of loss in
   ``log N`` (N = N_once + N_rec, unique non-embedding params) through the cell's runs; its vertex
   is the compute-optimal size N*, the loss there L*, and D* comes from the cell's own log D vs
   log N line (exact for a fixed budget up to the FLOP formula's curvature). Tokens per parameter

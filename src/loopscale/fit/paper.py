@@ -1,8 +1,8 @@
-"""The paper's published fit (PAPER.md sections 1 and 5): the one place these numbers live.
+"""The paper's published fit (arXiv 2604.21106 §1 and §5): the one place these numbers live.
 
 Used by ``loopscale plan --paper``, by the tests that check the abstract's worked example, and by
 the docs when loopscale's fit is compared with the paper's. Coefficients are the unrounded values
-of PAPER.md section 1 (the literature warns that rounded coefficients bias predictions).
+of arXiv 2604.21106 §1 (the literature warns that rounded coefficients bias predictions).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Load and validate a runs table: the interchange format of the fit (DESIGN.md).
+"""Load and validate a runs table: the interchange format of the fit (docs/guide.md).
 
 A runs table is a CSV or Parquet file, or a sweep directory that holds ``runs.csv`` /
 ``runs.parquet`` or ``result.json`` files (one flat JSON object per run). Required columns:

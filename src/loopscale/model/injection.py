@@ -1,4 +1,4 @@
-"""How the loop's state is fed back (PAPER.md section 2, "Input injection" and the HC probe).
+"""How the loop's state is fed back (arXiv 2604.21106 §2, "Input injection" and the HC probe).
 
 Each mode is a small module with the same four steps, so the loop in ``LoopedLM.forward`` reads
 like the paper: ``state = init(e)``; per recurrence ``u = input(i, e, state)``, run the recurrent

@@ -1,4 +1,4 @@
-"""Transformer block of PAPER.md section 2: pre-norm, RoPE, QK-norm, squared-ReLU MLP, no biases."""
+"""Transformer block of arXiv 2604.21106 §2: pre-norm, RoPE, QK-norm, squared-ReLU MLP, no biases."""
 
 from __future__ import annotations
 

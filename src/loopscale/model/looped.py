@@ -1,4 +1,4 @@
-"""The prelude - recur - coda language model (PAPER.md section 2), readable top to bottom.
+"""The prelude - recur - coda language model (arXiv 2604.21106 §2), readable top to bottom.
 
     x = norm_emb(embed(idx)); x = prelude(x); e = x
     state = init(e); repeat r times: u = input(i, e, state); s = norm_recur(recur(u)); state = update(i, state, s)

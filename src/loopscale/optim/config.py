@@ -1,4 +1,4 @@
-"""``OptimConfig``: every optimiser setting in one typed, strict config (PAPER.md section 4, "Optimiser").
+"""``OptimConfig``: every optimiser setting in one typed, strict config (arXiv 2604.21106 §4, "Optimiser").
 
 Defaults are the paper's. Semantic errors raise :class:`loopscale.errors.ConfigError` naming the field;
 build it with ``loopscale.config.validate(OptimConfig, data)`` to get one-line errors for type errors too.

@@ -754,7 +754,7 @@ def axes_scores(ctx: ReportContext, *, test_time: bool = False) -> pd.DataFrame:
     """Axis score per (C, r, r_eval, axis): macro average over tasks of one run per cell.
 
     The run per (budget, r) cell is the one with the lowest validation loss among the evaluated runs
-    (the compute-optimal run, PAPER.md section 6), when the axes table's run ids are in the runs
+    (the compute-optimal run, arXiv 2604.21106 §6), when the axes table's run ids are in the runs
     table; otherwise the scores of the cell's evaluated runs are averaged.
     """
     ax_df = ctx.inputs.axes

@@ -25,7 +25,7 @@ from loopscale.errors import ConfigError
 from loopscale.fit import FitSettings, RunsTable, fit_runs, read_fit, write_fit
 from loopscale.fit.table import as_runs, template_from_table
 
-#: the five evaluation axes of PAPER.md section 6, in the paper's order.
+#: the five evaluation axes of arXiv 2604.21106 §6, in the paper's order.
 AXES: tuple[str, ...] = ("knowledge", "reading", "math", "reasoning", "symbolic")
 AXIS_TITLES: dict[str, str] = {
     "knowledge": "parametric knowledge",

@@ -24,7 +24,7 @@ LINESTYLES: tuple[Any, ...] = (
     ":",
 )
 
-# Axis labels with units, used by every figure (the words of PAPER.md).
+# Axis labels with units, used by every figure (the words of the paper).
 LOSS = "validation loss (nats/token)"
 CONT_LOSS = "continuation loss (nats/token)"
 FLOPS = "training FLOPs C"

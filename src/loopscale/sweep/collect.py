@@ -1,4 +1,4 @@
-"""The runs table: one row per run with a result.json, in plan order (DESIGN.md, runs-table schema).
+"""The runs table: one row per run with a result.json, in plan order (docs/guide.md, runs-table schema).
 
 Grid coordinates (run_id, variant, seed, C) come from the sweep's plan (``sweep.json``); accounting
 and losses come from each run's ``result.json`` — the trainer writes them from ``loopscale.accounting``.
