@@ -35,7 +35,7 @@ def test_text_folder_gives_one_document_per_file_and_a_fixed_holdout(tmp_path: P
     a = load_token_data(data_cfg(source="text", paths=[str(tmp_path)], val_fraction=0.1), 32, use_cache=False)
     b = load_token_data(data_cfg(source="text", paths=[str(tmp_path)], val_fraction=0.1, seed=3), 32,
                         use_cache=False)
-    assert a.train.size(1) == 33 and (a.train[:, 0] == 256).all()
+    assert a.train.shape[1] == 33 and (a.train[:, 0] == 256).all()
     assert a.val.shape == b.val.shape and bool((a.val == b.val).all())  # validation does not depend on the seed
 
 
@@ -50,7 +50,7 @@ def test_jsonl_and_parquet_read_the_text_column(tmp_path: Path) -> None:
                          use_cache=False)
     pa_ = load_token_data(data_cfg(source="parquet", paths=[str(tmp_path / "d.parquet")], text_field="body"), 32,
                           use_cache=False)
-    assert js.fingerprint == pa_.fingerprint and bool((js.train == pa_.train).all())
+    assert js.fingerprint == pa_.fingerprint and np.array_equal(js.train, pa_.train)
 
 
 def test_malformed_jsonl_line_names_file_and_line(tmp_path: Path) -> None:
@@ -133,7 +133,7 @@ def test_a_bpe_trained_on_the_embedded_default_tokenizes_the_default_mixture(tmp
     bpe = load_token_data(DataConfig(tokenizer=str(tok), packing="best_fit_split"), 64, use_cache=False)
     raw = load_token_data(DataConfig(packing="best_fit_split"), 64, use_cache=False)
     assert bpe.tokenizer.vocab_size == 300 and int(bpe.train.max()) < 300
-    assert bpe.train.numel() < 0.8 * raw.train.numel()  # merges shorten the same documents
+    assert bpe.train.size < 0.8 * raw.train.size  # merges shorten the same documents
     assert bool((bpe.train == t.bos_id).any())  # documents still separated by the BPE's BOS
     text = t.decode(bpe.val[0].tolist())
     assert len(text) > 64 and sum(c.isalpha() for c in text) > 0.5 * len(text)

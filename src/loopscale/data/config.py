@@ -87,6 +87,9 @@ class DataConfig(StrictModel):
     packing_buffer: int | None = Field(
         None, gt=0, description="documents (crop) or pieces (split) best fit chooses from; "
         "None: 1000 for best_fit_crop (the paper's), 1024 for best_fit_split (its earlier value)")
+    allow_default: bool = Field(
+        True, description="train on the embedded default when source = 'default'; the paper preset sets "
+        "false, so that a run without configured data fails instead of repeating the 8M-token stand-in")
     world: WorldConfig = Field(default_factory=WorldConfig)
 
     @model_validator(mode="after")

@@ -25,12 +25,17 @@ Ties in either mode go to the piece that entered the buffer first (the paper's l
 rows are then shuffled with ``seed`` so that any prefix of rows is a uniform sample of the mixture
 (the paper shuffles each output shard unseeded instead; the rows' contents are the same).
 ``pack_rows(..., with_stats=True)`` reports what was discarded (``PackStats.discard_fraction``).
+
+``pack_rows`` holds every row; ``RowStream`` is the same packers one row at a time (memory bounded by
+the buffer), and ``shuffle_order`` the same shuffle as an index, so that ``loopscale.data.cache`` can
+pack a corpus far larger than memory into the rows ``pack_rows`` would give.
 """
 
 from __future__ import annotations
 
 import bisect
 import random
+from array import array
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -74,15 +79,21 @@ class PackStats:
         return self.discarded / self.tokens if self.tokens else 0.0
 
 
+def _ints(part: Sequence[int]) -> Sequence[int]:
+    """A slice of a document as Python ints (a numpy slice is converted; lists and bytes are kept)."""
+    tolist = getattr(part, "tolist", None)
+    return tolist() if tolist is not None else part
+
+
 def _pieces(docs: Iterable[Sequence[int]], width: int, bos: int, counter: list[int]) -> Iterator[list[int]]:
     step = width - 1
     for doc in docs:
         counter[0] += 1
         counter[2] += len(doc) + 1
-        yield [bos, *doc[:step]]
+        yield [bos, *_ints(doc[:step])]
         for start in range(step, len(doc), step):
             counter[1] += 1
-            yield [bos, *doc[start:start + step]]
+            yield [bos, *_ints(doc[start:start + step])]
 
 
 class _Buffer:
@@ -123,9 +134,10 @@ class _Buffer:
         return self._take(self.lengths[0])
 
 
-def _pack_split(docs: Iterable[Sequence[int]], width: int, bos_id: int,
-                buffer: int) -> tuple[list[list[int]], PackStats]:
-    """loopscale's earlier packer: split long documents, re-queue crop tails (unchanged)."""
+def _rows_split(docs: Iterable[Sequence[int]], width: int, bos_id: int, buffer: int,
+                done: list[PackStats]) -> Iterator[list[int]]:
+    """loopscale's earlier packer: split long documents, re-queue crop tails (unchanged). Yields rows
+    in packed order and appends its ``PackStats`` to ``done`` once exhausted."""
     counter = [0, 0, 0]  # documents, continuation pieces, document tokens (one BOS each)
     source = _pieces(docs, width, bos_id, counter)
     buf = _Buffer()
@@ -139,9 +151,7 @@ def _pack_split(docs: Iterable[Sequence[int]], width: int, bos_id: int,
             except StopIteration:
                 exhausted = True
 
-    rows: list[list[int]] = []
-    crops = 0
-    dropped = 0
+    n_rows = crops = dropped = 0
     while True:
         refill()
         if buf.size == 0:
@@ -161,16 +171,18 @@ def _pack_split(docs: Iterable[Sequence[int]], width: int, bos_id: int,
             else:
                 row += piece
         if len(row) == width:
-            rows.append(row)
+            n_rows += 1
+            yield row
         else:
             dropped = len(row)
-    return rows, PackStats(len(rows), width - 1, counter[0], counter[0] + counter[1] + crops, crops,
-                           counter[1] + crops, dropped, "best_fit_split", counter[2], 0)
+    done.append(PackStats(n_rows, width - 1, counter[0], counter[0] + counter[1] + crops, crops,
+                          counter[1] + crops, dropped, "best_fit_split", counter[2], 0))
 
 
-def _pack_crop(docs: Iterable[Sequence[int]], width: int, bos_id: int, buffer: int,
-               count_rest: bool) -> tuple[list[list[int]], PackStats]:
-    """The paper's packer: whole documents by best fit, the shortest cropped, its remainder discarded."""
+def _rows_crop(docs: Iterable[Sequence[int]], width: int, bos_id: int, buffer: int, count_rest: bool,
+               done: list[PackStats]) -> Iterator[list[int]]:
+    """The paper's packer: whole documents by best fit, the shortest cropped, its remainder discarded.
+    Yields rows in packed order and appends its ``PackStats`` to ``done`` once exhausted."""
     source = iter(docs)
     buf = _Buffer()
     exhausted = False
@@ -187,10 +199,9 @@ def _pack_crop(docs: Iterable[Sequence[int]], width: int, bos_id: int, buffer: i
             n = len(doc) + 1
             documents += 1
             tokens += n
-            buf.add([bos_id, *doc[:width - 1]], n)  # past T + 1 tokens nothing can be placed
+            buf.add([bos_id, *_ints(doc[:width - 1])], n)  # past T + 1 tokens nothing can be placed
 
-    rows: list[list[int]] = []
-    placed = crops = cropped = dropped = 0
+    n_rows = placed = crops = cropped = dropped = 0
     while True:
         refill()  # the paper tops the buffer up before each row only
         if buf.size == 0:
@@ -212,15 +223,16 @@ def _pack_crop(docs: Iterable[Sequence[int]], width: int, bos_id: int, buffer: i
         if len(row) < width:  # the buffer ran dry: the paper stops here
             dropped = len(row)
             break
-        rows.append(row)
+        n_rows += 1
         placed += n_row
+        yield row
     if count_rest:  # documents the packer never reached are discarded too; count them
         for doc in source:
             documents += 1
             tokens += len(doc) + 1
             dropped += len(doc) + 1
-    return rows, PackStats(len(rows), width - 1, documents, placed, crops, 0, dropped, "best_fit_crop",
-                           tokens, cropped)
+    done.append(PackStats(n_rows, width - 1, documents, placed, crops, 0, dropped, "best_fit_crop",
+                          tokens, cropped))
 
 
 def check_packing(packing: str, buffer: int | None) -> int:
@@ -246,22 +258,59 @@ def pack_rows(docs: Iterable[Sequence[int]], seq_len: int, bos_id: int, *, seed:
     import numpy as np
     import torch
 
-    if seq_len < 1:
-        raise ValueError(f"seq_len must be positive, got {seq_len}")
-    size = check_packing(packing, buffer)
     width = seq_len + 1
-    if packing == "best_fit_split":
-        rows, stats = _pack_split(docs, width, bos_id, size)
-    else:
-        rows, stats = _pack_crop(docs, width, bos_id, size, count_rest=with_stats)
-    order = list(range(len(rows)))
-    if shuffle:
-        random.Random(f"loopscale.packing:{seed}").shuffle(order)
+    stream = RowStream(docs, seq_len, bos_id, packing=packing, buffer=buffer, count_rest=with_stats)
+    rows = list(stream)
     out = np.array(rows, dtype=np.int64).reshape(len(rows), width)
-    tensor = torch.from_numpy(out[np.array(order, dtype=np.int64)] if rows else out)
+    if shuffle and rows:
+        out = out[np.frombuffer(shuffle_order(len(rows), seed), dtype=np.int64)]
+    tensor = torch.from_numpy(out)
     if with_stats:
-        return tensor, stats
+        return tensor, stream.stats
     return tensor
+
+
+class RowStream:
+    """The packed rows of ``docs`` in packed (unshuffled) order, one ``list`` of ``T + 1`` ints at a time
+    (iterate once).
+
+    Memory is bounded by the packer's buffer, not by the stream: ``buffer`` documents (crop: each cut
+    to its first ``T + 1`` tokens) or ``buffer`` pieces of at most ``T + 1`` tokens (split), as Python
+    ints (~40 B per id above 256), plus the document being read. ``stats`` is set once exhausted.
+    ``count_rest``: crop mode reads (and counts) the documents after its last row, so that a side
+    effect of reading them (a fingerprint) sees the whole stream and ``stats`` counts them.
+    """
+
+    def __init__(self, docs: Iterable[Sequence[int]], seq_len: int, bos_id: int, *,
+                 packing: str = DEFAULT_PACKING, buffer: int | None = None, count_rest: bool = True) -> None:
+        if seq_len < 1:
+            raise ValueError(f"seq_len must be positive, got {seq_len}")
+        size = check_packing(packing, buffer)
+        self._done: list[PackStats] = []
+        width = seq_len + 1
+        if packing == "best_fit_split":
+            self._rows = _rows_split(docs, width, bos_id, size, self._done)
+        else:
+            self._rows = _rows_crop(docs, width, bos_id, size, count_rest, self._done)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self._rows
+
+    @property
+    def stats(self) -> PackStats | None:
+        return self._done[0] if self._done else None
+
+
+def shuffle_order(n: int, seed: int) -> array:
+    """The row order ``pack_rows`` shuffles into: ``order[k]`` is the packed index of the k-th row.
+
+    ``random.Random(f"loopscale.packing:{seed}").shuffle`` of ``0 .. n-1``, as it always was, but on
+    an ``array('q')`` (8 B per row) instead of a list of Python ints (~36 B per row): ``shuffle`` only
+    swaps items, so the order is the same.
+    """
+    order = array("q", range(n))
+    random.Random(f"loopscale.packing:{seed}").shuffle(order)
+    return order
 
 
 def pack_texts(texts: Iterable[str], tokenizer: Tokenizer, seq_len: int, *, seed: int = 0,

@@ -94,8 +94,7 @@ class MuonH(torch.optim.Optimizer):
     ``state[p]`` holds ``init_norm`` (rho, a Python float, captured here from the weights as they are
     now) and ``momentum_buffer``; both travel in ``state_dict()``, so a resumed run projects onto the
     same spheres as the original even if the optimiser was rebuilt on other weights before loading.
-    Matrices of one shape (up to transposition) are orthogonalised together in one batched
-    Newton-Schulz call.
+    Matrices of one shape (up to transposition) are orthogonalised together in one batched call.
     """
 
     def __init__(self, params: Iterable[torch.nn.Parameter] | Iterable[dict], lr: float = 0.014,
@@ -154,6 +153,7 @@ class MuonH(torch.optim.Optimizer):
             updates.append(_wide(p.grad.lerp(buf, mu) if group["nesterov"] else buf))
         U = torch.stack(updates)
         dt = _ns_dtype(group["ns_dtype"], U.device)
+        # a param group restored from a checkpoint written before Polar Express existed has no key: NS5 ran then
         O = orthogonalize(U, group["ns_steps"], dt, group.get("orthogonalizer", "ns5"))
         rho = torch.tensor([self.state[p].get("init_norm") or self._capture_norm(p) for p in params],
                            dtype=torch.float32, device=U.device).view(-1, 1, 1)

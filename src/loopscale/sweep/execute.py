@@ -5,23 +5,36 @@ everywhere: a finished or diverged run is skipped; an interrupted one resumes fr
 a failed one is retried while ``failures <= max_retries`` (its old result.json is kept as
 ``result.failed-<n>.json``); a user error (ConfigError, e.g. a budget too small for
 ``run.min_steps``) is recorded as failed at once and never retried — it would fail the same way.
+
+A multi-rank run (``WORLD_SIZE`` > 1: torchrun, one SLURM task per GPU) calls ``execute_run`` on
+every rank; rank 0 alone keeps the books and every rank returns the same outcome (see
+``_execute_ranks``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import json
+import math
 import os
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from loopscale.errors import ConfigError
 from loopscale.io import atomic_write_json
-from loopscale.sweep.store import RESULT, SweepStore
+from loopscale.sweep.store import RESULT, Lock, SweepStore
 
 #: outcomes of ``execute_run``
 OUTCOMES = ("done", "diverged", "failed", "retry", "skipped", "busy", "gave-up")
+
+#: how long ranks wait for each other's control messages (env LOOPSCALE_RANK_TIMEOUT_S overrides)
+RANK_TIMEOUT_S = 300.0
 
 
 def runnable(store: SweepStore, run_id: str, max_retries: int) -> tuple[bool, str]:
@@ -43,18 +56,44 @@ def execute_run(store: SweepStore, run_id: str, *, max_retries: int, on_step: Ca
     ``retry``: it failed and has retries left (the caller decides when to run it again).
     RunInterrupted and KeyboardInterrupt propagate after the lock is released.
     """
-    from loopscale.train import RunInterrupted, TrainingFailed, train
-
-    rank = int(os.environ.get("RANK", "0"))
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return _execute_ranks(store, run_id, max_retries=max_retries, on_step=on_step, executor=executor,
+                              job_id=job_id)
     rs = store.load_run(run_id)
-    run_dir = store.run_dir(run_id)
-    if rank != 0:  # a torchrun/SLURM worker rank: rank 0 keeps the books
-        try:
-            train(rs.config, run_dir, progress=False)
-        except (TrainingFailed, ConfigError):
-            return "failed"
-        return "done"
+    begun = _begin(store, run_id, max_retries, executor=executor, job_id=job_id)
+    if isinstance(begun, str):
+        return begun
+    lock, att = begun
+    try:
+        ending = _attempt(rs, store.run_dir(run_id), _step_hook(lock, on_step))
+        return _settle(store, rs, att, ending, max_retries)
+    finally:
+        lock.release()
 
+
+# -- one attempt, as every executor runs it ------------------------------------------------------------------------
+
+
+@dataclass
+class _Ending:
+    """How train() ended on one rank: a result, an interrupt, or a failure (kind config/failed/error)."""
+
+    kind: str
+    result: dict[str, Any] | None = None
+    error: str = ""
+    traceback: str = ""
+    wall_s: float = 0.0
+    exc: BaseException | None = None  # the interrupt, re-raised once the books are kept
+    ended: float = field(default_factory=time.time)  # when this rank left train()
+
+    def message(self) -> dict[str, Any]:
+        """What a rank tells rank 0 (JSON; the traceback capped)."""
+        return {"kind": self.kind, "error": self.error, "traceback": self.traceback[-20_000:], "ended": self.ended}
+
+
+def _begin(store: SweepStore, run_id: str, max_retries: int, *, executor: str,
+           job_id: str | None) -> str | tuple[Lock, dict[str, Any]]:
+    """Rank 0's books before training: the skip outcome, or the held lock and the counted attempt."""
     ok, why = runnable(store, run_id, max_retries)
     if not ok:
         return "busy" if why == "running elsewhere" else ("gave-up" if why == "failed" else "skipped")
@@ -65,7 +104,9 @@ def execute_run(store: SweepStore, run_id: str, *, max_retries: int, on_step: Ca
         store.clear_queued(run_id)
         st = store.state(run_id)
         if st.status in ("done", "diverged"):  # finished between the check and the lock
+            lock.release()
             return "skipped"
+        run_dir = store.run_dir(run_id)
         att = store.attempts(run_id)
         if st.status == "failed":  # a retry: keep the failed record beside the run
             (run_dir / RESULT).replace(run_dir / f"result.failed-{att.get('failures', 0)}.json")
@@ -73,39 +114,70 @@ def execute_run(store: SweepStore, run_id: str, *, max_retries: int, on_step: Ca
         store.write_attempts(run_id, att)
         store.event("start", run_id, attempt=att["attempts"], resume=(run_dir / "ckpt.pt").exists(),
                     executor=executor, job_id=job_id)
+    except BaseException:
+        lock.release()
+        raise
+    return lock, att
 
-        def step_hook(step: int, total: int) -> None:
-            lock.beat()
-            if on_step is not None:
-                on_step(step, total)
 
-        t0 = time.time()
-        try:
-            res = train(rs.config, run_dir, progress=False, on_step=step_hook)
-        except (RunInterrupted, KeyboardInterrupt):
-            store.event("interrupted", run_id)
-            raise
-        except ConfigError as err:
-            _record_failure(store, rs, att, f"ConfigError: {err}", traceback.format_exc(), retryable=False,
-                            wall_s=time.time() - t0)
-            return "failed"
-        except TrainingFailed:
-            from loopscale.train import read_result
+def _step_hook(lock: Lock, on_step: Callable[[int, int], None] | None) -> Callable[[int, int], None]:
+    def step_hook(step: int, total: int) -> None:
+        lock.beat()
+        if on_step is not None:
+            on_step(step, total)
 
-            rec = read_result(run_dir) or {}
-            _record_failure(store, rs, att, str(rec.get("error", "failed")), rec.get("traceback", ""),
-                            retryable=True, wall_s=time.time() - t0, write_result=not rec)
-            return "retry" if att["failures"] <= max_retries else "failed"
-        except Exception as exc:  # anything the trainer did not record (setup, devices)
-            _record_failure(store, rs, att, f"{type(exc).__name__}: {exc}", traceback.format_exc(), retryable=True,
-                            wall_s=time.time() - t0)
-            return "retry" if att["failures"] <= max_retries else "failed"
+    return step_hook
+
+
+def _attempt(rs: Any, run_dir: Path, on_step: Callable[[int, int], None] | None,
+             setup: Callable[[], None] | None = None) -> _Ending:
+    """Call train() (after ``setup``, e.g. the rank's process group) and say how it ended; never raises."""
+    from loopscale.train import RunInterrupted, TrainingFailed, train
+
+    t0 = time.time()
+    try:
+        if setup is not None:
+            setup()
+        return _Ending("result", result=train(rs.config, run_dir, progress=False, on_step=on_step))
+    except (RunInterrupted, KeyboardInterrupt) as exc:
+        return _Ending("interrupted", exc=exc)
+    except ConfigError as err:
+        return _Ending("config", error=f"ConfigError: {err}", traceback=traceback.format_exc(),
+                       wall_s=time.time() - t0)
+    except TrainingFailed as exc:  # rank 0's trainer wrote result.json; the cause names the error
+        cause = exc.__cause__ or exc
+        return _Ending("failed", error=f"{type(cause).__name__}: {cause}", traceback=traceback.format_exc(),
+                       wall_s=time.time() - t0)
+    except Exception as exc:  # anything the trainer did not record (setup, devices)
+        return _Ending("error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(),
+                       wall_s=time.time() - t0)
+
+
+def _settle(store: SweepStore, rs: Any, att: dict[str, Any], ending: _Ending, max_retries: int) -> str:
+    """Rank 0's books after an attempt: the event, at most one failure record. Re-raises an interrupt."""
+    run_id = rs.run_id
+    if ending.kind == "interrupted":
+        store.event("interrupted", run_id)
+        assert ending.exc is not None
+        raise ending.exc
+    if ending.kind == "result":
+        res = ending.result or {}
         status = str(res.get("status"))
         store.event("done" if status == "ok" else status, run_id, val_loss=res.get("val_loss"),
                     wall_s=res.get("wall_s"))
         return "done" if status == "ok" else ("diverged" if status == "diverged" else "failed")
-    finally:
-        lock.release()
+    if ending.kind == "config":
+        _record_failure(store, rs, att, ending.error, ending.traceback, retryable=False, wall_s=ending.wall_s)
+        return "failed"
+    if ending.kind == "failed":
+        from loopscale.train import read_result
+
+        rec = read_result(store.run_dir(run_id)) or {}
+        _record_failure(store, rs, att, str(rec.get("error", "failed")), rec.get("traceback", ""), retryable=True,
+                        wall_s=ending.wall_s, write_result=not rec)
+    else:
+        _record_failure(store, rs, att, ending.error, ending.traceback, retryable=True, wall_s=ending.wall_s)
+    return "retry" if att["failures"] <= max_retries else "failed"
 
 
 def _record_failure(store: SweepStore, rs: Any, att: dict[str, Any], error: str, tb: str, *, retryable: bool,
@@ -122,3 +194,233 @@ def _record_failure(store: SweepStore, rs: Any, att: dict[str, Any], error: str,
         atomic_write_json(path, {"status": "failed", "error": error, "traceback": tb, **result_fields(rs.config),
                                  "C": rs.C, "wall_s": wall_s})
     store.event("failed", rs.run_id, error=error, failures=att["failures"], retryable=retryable)
+
+
+# -- several ranks --------------------------------------------------------------------------------------------------
+
+
+def _execute_ranks(store: SweepStore, run_id: str, *, max_retries: int, on_step: Callable[[int, int], None] | None,
+                   executor: str, job_id: str | None) -> str:
+    """One call of a multi-rank run: every rank agrees on skip, retry and give-up.
+
+    1. Rank 0 alone reads the store and decides (``_begin``: runnable, lock, attempts) and sends the
+       decision; on a skip every rank returns that outcome and no rank trains.
+    2. Every rank builds a fresh process group for this attempt (its own keys, so it can never meet
+       a previous attempt's), trains, and reports how train() ended; then it destroys the group.
+    3. Rank 0 collects the reports, records the attempt once (one failure however many ranks
+       raised) and sends the outcome, which every rank returns; on ``retry`` the caller's loop
+       (SweepTask) starts the next attempt on all ranks together.
+
+    A rank that raised while the others sit in a collective cannot free them in-process (the
+    failed attempt's DDP keeps its group alive), so every wait is bounded: if some rank has not
+    reported within the rank timeout, the attempt is *abandoned* — a flag any rank may set, once,
+    with compare-and-set — rank 0 records the failure, every rank returns ``failed`` and the task
+    ends. Ending the processes closes the group's sockets, which releases a gloo rank stuck in a
+    collective (an NCCL rank is released by NCCL's watchdog timeout). The run stays retryable:
+    the next submission runs it again with every rank fresh.
+    """
+    ctl = _Control(run_id)
+    rs = store.load_run(run_id)
+    lock: Lock | None = None
+    att: dict[str, Any] = {}
+    try:
+        if ctl.rank == 0:
+            begun = _begin_shared(ctl, store, run_id, max_retries, executor=executor, job_id=job_id)
+            if isinstance(begun, str):
+                return begun
+            lock, att = begun
+        else:
+            decision = ctl.receive("decision")
+            if decision.get("abort"):
+                raise RuntimeError(f"{run_id}: rank 0 failed before training: {decision['abort']}")
+            if decision.get("skip"):
+                return str(decision["skip"])
+        hook = _step_hook(lock, on_step) if lock is not None else None
+        ending = _attempt(rs, store.run_dir(run_id), hook, setup=lambda: ctl.init_group(rs.config.run.device))
+        if ctl.rank != 0:
+            with contextlib.suppress(RuntimeError):  # rank 0 gone: the claim below gives up
+                ctl.post(f"end/{ctl.rank}", ending.message())
+        _teardown_group()  # before any retry, on every rank
+        if ctl.rank != 0:
+            return _outcome_on_worker(ctl, ending)
+        return _outcome_on_rank0(ctl, store, rs, att, ending, max_retries)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _begin_shared(ctl: _Control, store: SweepStore, run_id: str, max_retries: int, *, executor: str,
+                  job_id: str | None) -> str | tuple[Lock, dict[str, Any]]:
+    """Rank 0: ``_begin`` and send its decision to the other ranks (an error is sent too, then raised)."""
+    try:
+        begun = _begin(store, run_id, max_retries, executor=executor, job_id=job_id)
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            ctl.send("decision", {"abort": f"{type(exc).__name__}: {exc}"})
+        raise
+    try:
+        ctl.send("decision", {"skip": begun} if isinstance(begun, str) else {"train": True})
+    except BaseException:
+        if not isinstance(begun, str):
+            begun[0].release()
+        raise
+    return begun
+
+
+def _outcome_on_rank0(ctl: _Control, store: SweepStore, rs: Any, att: dict[str, Any], own: _Ending,
+                      max_retries: int) -> str:
+    """Rank 0: collect the reports, claim the attempt, keep the books once and send the outcome."""
+    from loopscale.train import RunInterrupted
+
+    reports = ctl.collect_ends()
+    claim = ctl.claim("abandoned:0" if None in reports.values() else "rank0")
+    ending = _combine(own, reports, ctl.timeout_s)
+    if ending.kind == "interrupted":
+        store.event("interrupted", rs.run_id)
+        if claim == "rank0":
+            ctl.send("outcome", "interrupted")
+        raise own.exc if own.exc is not None else RunInterrupted(
+            f"{rs.run_id}: another rank was stopped by a signal; the checkpoint is saved")
+    outcome = _settle(store, rs, att, ending, max_retries)
+    if claim != "rank0":  # abandoned: end the task on every rank; the run stays retryable
+        return "failed" if outcome == "retry" else outcome
+    ctl.send("outcome", outcome)
+    return outcome
+
+
+def _outcome_on_worker(ctl: _Control, own: _Ending) -> str:
+    """A rank > 0: rank 0's outcome, or ``failed`` once the attempt is abandoned (then the task ends)."""
+    from loopscale.train import RunInterrupted
+
+    try:
+        claim = ctl.wait_claim()
+    except RuntimeError:  # rank 0 is gone
+        claim = "abandoned"
+    if claim != "rank0":
+        return "failed"
+    outcome = ctl.receive("outcome")
+    if outcome == "interrupted":
+        raise own.exc if own.exc is not None else RunInterrupted(
+            "rank 0 was stopped by a signal; the checkpoint is saved")
+    return str(outcome)
+
+
+def _combine(own: _Ending, reports: dict[int, dict[str, Any] | None], timeout_s: float) -> _Ending:
+    """Rank 0's view of the attempt from its own ending and the other ranks' reports.
+
+    Rank 0 returning a result means every rank passed the trainer's final barrier: the run finished.
+    Failures on several ranks become one record; it names each rank's error unless they all agree,
+    the first rank to leave training first (usually the cause; the others failed in a collective).
+    """
+    if own.kind in ("result", "interrupted"):
+        return own
+    if any(rep is not None and rep["kind"] == "interrupted" for rep in reports.values()):
+        return _Ending("interrupted")
+    failed = {r: rep for r, rep in {0: own.message(), **reports}.items() if rep is None or rep["kind"] != "result"}
+    failed = dict(sorted(failed.items(), key=lambda kv: kv[1]["ended"] if kv[1] else math.inf))
+    errors = {r: rep["error"] if rep else f"no report within {timeout_s:g} s (stuck in a collective?)"
+              for r, rep in failed.items()}
+    if set(errors.values()) == {own.error}:
+        return own  # every failing rank says the same: record it as a single rank would
+    kind = "config" if any(rep and rep["kind"] == "config" for rep in failed.values()) else "error"
+    tb = "\n".join(f"--- rank {r} ---\n{rep['traceback']}" for r, rep in failed.items() if rep)
+    return _Ending(kind, error="; ".join(f"rank {r}: {e}" for r, e in errors.items()), traceback=tb,
+                   wall_s=own.wall_s)
+
+
+def _teardown_group() -> None:
+    """Destroy this rank's process group, so the next attempt builds a new one."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+    gc.collect()
+
+
+_STORES: dict[tuple[str, ...], Any] = {}
+_CALLS: dict[str, int] = {}
+
+
+class _Control:
+    """Control messages between the ranks of one ``execute_run`` call, over the c10d TCPStore of env://.
+
+    Why a key-value store rather than a gloo group for control: it is CPU-only whatever backend
+    trains (NCCL or gloo), it lives outside any attempt's process group (so it still works after a
+    rank failed inside a collective), every wait has a timeout, and a message cannot be matched
+    with the wrong one (keys name the run and the call). It is the store env:// itself uses
+    (rank 0 serves it at MASTER_ADDR:MASTER_PORT; under torchrun, the agent's), created once per
+    process and kept across attempts.
+    """
+
+    def __init__(self, run_id: str) -> None:
+        import torch.distributed as dist
+
+        self.rank = int(os.environ["RANK"])
+        self.world = int(os.environ["WORLD_SIZE"])
+        self.timeout_s = float(os.environ.get("LOOPSCALE_RANK_TIMEOUT_S", RANK_TIMEOUT_S))
+        self.timeout = timedelta(seconds=self.timeout_s)
+        self.base = _base_store(self.timeout)
+        _CALLS[run_id] = _CALLS.get(run_id, 0) + 1
+        self.prefix = f"loopscale/{run_id}/{_CALLS[run_id]}/"
+        self.store = dist.PrefixStore(self.prefix, self.base)
+
+    def init_group(self, device_pref: str) -> None:
+        """This attempt's process group (fresh keys), with the backend train()'s setup_dist would pick."""
+        import torch
+
+        _teardown_group()
+        use_cuda = device_pref in ("cuda", "auto") and torch.cuda.is_available()
+        if use_cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.distributed.init_process_group("nccl" if use_cuda else "gloo",
+                                             store=torch.distributed.PrefixStore(self.prefix + "pg/", self.base),
+                                             rank=self.rank, world_size=self.world)
+
+    def post(self, key: str, value: Any) -> None:
+        self.store.set(key, json.dumps(value))
+
+    def _get(self, key: str) -> Any:
+        self.store.wait([key], self.timeout)
+        return json.loads(self.store.get(key))
+
+    def send(self, key: str, value: Any) -> None:
+        """Rank 0: post ``value``; return once every rank has read it (rank 0 serves the store)."""
+        self.post(key, value)
+        self.store.wait([f"{key}/read/{r}" for r in range(1, self.world)], self.timeout)
+
+    def receive(self, key: str) -> Any:
+        value = self._get(key)
+        self.store.set(f"{key}/read/{self.rank}", "1")
+        return value
+
+    def collect_ends(self) -> dict[int, dict[str, Any] | None]:
+        """Rank 0: the other ranks' reports; None for a rank still silent after the timeout."""
+        keys = {r: f"end/{r}" for r in range(1, self.world)}
+        deadline = time.monotonic() + self.timeout_s
+        while not self.store.check(list(keys.values())) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return {r: json.loads(self.store.get(k)) if self.store.check([k]) else None for r, k in keys.items()}
+
+    def claim(self, value: str) -> str:
+        """Write the attempt's claim once (first writer wins) and return it."""
+        return self.store.compare_set("claim", "", value).decode()
+
+    def wait_claim(self) -> str:
+        """A worker: rank 0's claim, or ``abandoned:<rank>`` if none came within the timeout."""
+        try:
+            self.store.wait(["claim"], self.timeout)
+        except RuntimeError:
+            return self.claim(f"abandoned:{self.rank}")
+        return self.store.get("claim").decode()
+
+
+def _base_store(timeout: timedelta) -> Any:
+    """The env:// store of this process (rank 0 serves it), made once and kept across attempts."""
+    import torch.distributed as dist
+
+    key = tuple(os.environ.get(k, "") for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"))
+    if key not in _STORES:
+        store, _rank, _world = next(dist.rendezvous("env://", timeout=timeout))
+        _STORES[key] = store
+    return _STORES[key]

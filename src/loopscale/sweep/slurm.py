@@ -2,8 +2,11 @@
 
 Each run becomes one array task that calls :class:`SweepTask` with its run id; the task goes through
 ``execute_run`` like every other executor (lock, attempts, failure record), so results do not depend
-on the executor. Runs are grouped by (GPUs, time limit, memory, CPUs) — one ``sbatch --array`` per
-group, ``%array_parallelism`` throttling each.
+on the executor. A multi-GPU run is one task per rank: ``execute_run`` makes every rank agree on
+skip, retry and give-up (rank 0 decides), so the retry loop runs on all ranks in step.
+
+Runs are grouped by (GPUs, time limit, memory, CPUs) — one ``sbatch --array`` per group,
+``%array_parallelism`` throttling each.
 
 Resources from the run's size (``[slurm]`` table, see docs/sweep.md): the estimated time is the
 run's FLOPs over ``flops_per_gpu`` x GPUs; ``gpus_per_run = "auto"`` doubles the GPUs (up to
@@ -105,6 +108,13 @@ class SweepTask(submitit.helpers.Checkpointable):
         return submitit.helpers.DelayedSubmission(SweepTask(self.sweep_dir, self.max_retries), run_id)
 
     def __call__(self, run_id: str) -> str:
+        """Train the run, retrying in this process while ``execute_run`` says ``retry``.
+
+        Every rank runs this loop; ``execute_run`` returns the same outcome on each (rank 0 decides and
+        tells the others), so the ranks retry together, each attempt in a fresh process group. An
+        attempt the ranks could not end together returns ``failed`` and ends the task (see
+        ``execute._execute_ranks``); the run stays retryable for the next submission.
+        """
         from loopscale.train import RunInterrupted
 
         env = submitit.JobEnvironment()

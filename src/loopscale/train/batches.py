@@ -4,24 +4,32 @@ The row stream depends only on the data config, the tokenizer and T — never on
 r = 1 and r = 8 runs with the same data seed read exactly the same tokens. Step ``s`` reads global
 rows ``s B .. s B + B - 1`` (wrapping into a freshly shuffled epoch if the budget needs more than
 one), so a resumed run continues at the exact position from the step number alone.
+
+The rows are built once per data config by streaming (``loopscale.data.cache``: bounded memory,
+whatever the corpus size), published atomically under ``$LOOPSCALE_CACHE/tokens/<key>/`` and mapped
+read-only, so every slot worker and DDP rank on a node shares one copy in the page cache.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
+from loopscale.data import cache
 from loopscale.data.config import DataConfig
 from loopscale.data.tokenizer import Tokenizer
 from loopscale.errors import ConfigError
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = cache.FORMAT  # 2: a folder of mapped .bin files (1: one torch .pt file; now ignored)
 
 
 def cache_dir() -> Path:
@@ -30,39 +38,52 @@ def cache_dir() -> Path:
 
 @dataclass
 class TokenData:
-    train: torch.Tensor  # [n_rows, T + 1], int32
-    val: torch.Tensor  # [n_val_rows, T + 1], int32
+    """The rows a run reads. ``train`` holds them in packed order and ``order`` says which row each
+    position of epoch 0 reads (the seeded shuffle), so ``batch`` returns exactly the rows it returned
+    when the shuffled rows themselves were stored. From the cache, the arrays are read-only maps."""
+
+    train: np.ndarray  # [n_rows, T + 1], uint16 or int32, packed order
+    val: np.ndarray  # [n_val_rows, T + 1], packed order
     tokenizer: Tokenizer
     fingerprint: str
+    order: np.ndarray | None = None  # int64 [n_rows]; None: ``train`` is already in epoch-0 order
+    max_id: int = -1  # the largest id in train and val (-1: not given; computed by scanning the rows)
+    path: Path | None = None  # the cache entry, if mapped from one
+    built: bool = False  # this process built the rows (rather than reusing a cache entry)
     _perms: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.max_id < 0:
+            self.max_id = int(max(self.train.max(), self.val.max()))
 
     @property
     def seq_len(self) -> int:
-        return self.train.size(1) - 1
+        return self.train.shape[1] - 1
 
-    def _row(self, g: torch.Tensor, seed: int) -> torch.Tensor:
-        n = self.train.size(0)
+    def _row(self, g: torch.Tensor, seed: int) -> np.ndarray:
+        n = self.train.shape[0]
         epoch, pos = g // n, g % n
         out = pos.clone()
         for e in epoch.unique().tolist():
             if e == 0:
-                continue  # epoch 0: the packed (already shuffled) order
-            if e not in self._perms:
+                continue  # epoch 0: the packed order, shuffled by ``order``
+            if e not in self._perms:  # 8 B per row per epoch reached
                 gen = torch.Generator().manual_seed((seed * 1_000_003 + e) % (2**31))
                 self._perms[e] = torch.randperm(n, generator=gen)
             sel = epoch == e
             out[sel] = self._perms[e][pos[sel]]
-        return out
+        idx = out.numpy()
+        return self.order[idx] if self.order is not None else idx
 
     def batch(self, step: int, batch_size: int, lo: int, hi: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
         """Rows ``lo..hi-1`` of global step ``step``'s batch as (inputs, targets), int64."""
         g = torch.arange(step * batch_size + lo, step * batch_size + hi)
-        rows = self.train[self._row(g, seed)].long()
+        rows = torch.from_numpy(np.asarray(self.train[self._row(g, seed)], dtype=np.int64))
         return rows[:, :-1], rows[:, 1:]
 
     def val_rows(self, val_tokens: int) -> torch.Tensor:
-        n = min(self.val.size(0), max(1, -(-val_tokens // self.seq_len)))
-        return self.val[:n].long()
+        n = min(self.val.shape[0], max(1, -(-val_tokens // self.seq_len)))
+        return torch.from_numpy(np.array(self.val[:n], dtype=np.int64))
 
 
 def make_tokenizer(cfg: DataConfig) -> Tokenizer:
@@ -100,60 +121,97 @@ def _cache_key(cfg: DataConfig, seq_len: int) -> str:
     from loopscale import __version__
     from loopscale.data import corpus, mixture
 
-    blob = json.dumps({"data": cfg.model_dump(mode="json"), "T": seq_len, "files": _files_signature(cfg),
+    data = cfg.model_dump(mode="json", exclude={"allow_default"})  # a permission, not part of the rows
+    blob = json.dumps({"data": data, "T": seq_len, "files": _files_signature(cfg),
                        "fmt": CACHE_FORMAT, "loopscale": __version__,
                        "corpus": corpus.CORPUS_VERSION, "generator": mixture.GENERATOR_VERSION}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def _user_rows(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int) -> tuple[torch.Tensor, torch.Tensor, str]:
-    """Pack the user's text/jsonl/parquet/shards into train and validation rows."""
-    import numpy as np
+def _encoder(tokenizer: Tokenizer) -> Callable[[str], Any]:
+    """``encode_bytes`` where the tokenizer has it (bytes: ids without a list), else ``encode``."""
+    return getattr(tokenizer, "encode_bytes", None) or tokenizer.encode
 
+
+def _doc_bytes(doc: str | np.ndarray) -> bytes:
+    """What the fingerprint hashes of a document: its UTF-8 text, or its ids as int64."""
+    return doc.encode("utf-8") if isinstance(doc, str) else np.asarray(doc, dtype=np.int64).tobytes()
+
+
+def _select(docs: Iterable[Any], mask: np.ndarray, held_out: bool) -> Iterator[Any]:
+    """The documents whose hold-out flag is ``held_out``; the stream must have ``len(mask)`` documents."""
+    flags = mask.tobytes()  # 1 B per document
+    n = 0
+    for doc in docs:
+        if n == len(flags):
+            raise ConfigError("data.paths", f"the files changed while being read (more than the {n} "
+                              "documents counted)")
+        if flags[n] == held_out:
+            yield doc
+        n += 1
+    if n != len(flags):
+        raise ConfigError("data.paths", f"the files changed while being read ({len(flags)} documents "
+                          f"counted, {n} read)")
+
+
+def _cap_text(docs: Iterable[str], max_bytes: int) -> Iterator[str]:
+    """Whole documents until ``max_bytes`` characters are reached (the one that crosses it included)."""
+    total = 0
+    for d in docs:
+        if total >= max_bytes:
+            break
+        yield d
+        total += len(d)
+
+
+def _user_streams(cfg: DataConfig, tokenizer: Tokenizer):
+    """The user's text/jsonl/parquet/shards as two document streams (train, then validation), the
+    fingerprint they feed, the BOS id and the storage dtype. Nothing is held: each stream re-reads
+    the files, and the hold-out (no ``val_paths``) costs one more counting pass and 1 B per document."""
     from loopscale.data import sources
-    from loopscale.data.packing import pack_rows, pack_texts
 
-    def read(paths: list[str], field: str) -> list:
-        files = sources.expand_paths(paths, _SUFFIXES[cfg.source], field)
-        if cfg.source == "text":
-            return sources.read_text_files(files)
-        if cfg.source == "jsonl":
-            return sources.read_jsonl(files, cfg.text_field)
-        if cfg.source == "parquet":
-            return sources.read_parquet(files, cfg.text_field)
-        bos = cfg.bos_id if cfg.bos_id is not None else tokenizer.bos_id
-        docs: list = []
-        budget = cfg.max_tokens
-        for f in files:
-            toks = sources.read_shard(f, cfg.shard_dtype)
-            docs += list(sources.shard_documents(toks, bos, budget))
-            if budget is not None:
-                budget -= min(budget, len(toks))
-                if budget == 0:
-                    break
-        return docs
+    shards = cfg.source == "shards"
+    bos = cfg.bos_id if cfg.bos_id is not None else tokenizer.bos_id
+    files = sources.expand_paths(cfg.paths, _SUFFIXES[cfg.source], "data.paths")
+    val_files = sources.expand_paths(cfg.val_paths, _SUFFIXES[cfg.source], "data.val_paths") \
+        if cfg.val_paths else None
 
-    train_docs = read(cfg.paths, "data.paths")
-    if cfg.val_paths:
-        val_docs = read(cfg.val_paths, "data.val_paths")
-    else:
-        mask = sources.holdout(len(train_docs), cfg.val_fraction, salt="loopscale.holdout")
-        val_docs = [d for d, m in zip(train_docs, mask, strict=True) if m]
-        train_docs = [d for d, m in zip(train_docs, mask, strict=True) if not m]
-    if cfg.source != "shards" and cfg.max_tokens is not None:
-        train_docs = _cap_text(train_docs, cfg.max_tokens)
+    def docs(fs: list[Path]) -> Iterator[str | np.ndarray]:
+        return sources.iter_documents(cfg.source, fs, text_field=cfg.text_field, bos_id=bos,
+                                      shard_dtype=cfg.shard_dtype, max_tokens=cfg.max_tokens if shards else None)
+
+    mask = None if val_files else sources.holdout(sum(1 for _ in docs(files)), cfg.val_fraction,
+                                                  salt="loopscale.holdout")
+
+    def train_src() -> Iterator[str | np.ndarray]:
+        return docs(files) if mask is None else _select(docs(files), mask, False)
+
+    def val_src() -> Iterator[str | np.ndarray]:
+        return docs(val_files) if val_files else _select(docs(files), mask, True)
+    encode = _encoder(tokenizer)
     h = hashlib.sha256()
-    for d in [*train_docs, "\x00val", *val_docs]:
-        h.update(d.encode("utf-8") if isinstance(d, str) else np.asarray(d, dtype=np.int64).tobytes())
-    if cfg.source == "shards":
-        bos = cfg.bos_id if cfg.bos_id is not None else tokenizer.bos_id
-        train = pack_rows((d.tolist() for d in train_docs), seq_len, bos, seed=cfg.seed, **_packing(cfg))
-        val = pack_rows((d.tolist() for d in val_docs), seq_len, bos, seed=cfg.seed, shuffle=False,
-                        **_packing(cfg))
+
+    def train() -> Iterator[Any]:
+        it = train_src()
+        if not shards and cfg.max_tokens is not None:
+            it = _cap_text(it, cfg.max_tokens)
+        for d in it:
+            h.update(_doc_bytes(d))
+            yield d if shards else encode(d)
+
+    def val() -> Iterator[Any]:
+        h.update(b"\x00val")
+        for d in val_src():
+            h.update(_doc_bytes(d))
+            yield d if shards else encode(d)
+
+    if shards:
+        fits = bos < 2**16 and all(sources.shard_layout(f, cfg.shard_dtype)[0].itemsize == 2
+                                   for f in [*files, *(val_files or [])])
+        dtype = cache.row_dtype(2**16 if fits else 2**31)
     else:
-        train = pack_texts(train_docs, tokenizer, seq_len, seed=cfg.seed, **_packing(cfg))
-        val = pack_texts(val_docs, tokenizer, seq_len, seed=cfg.seed, shuffle=False, **_packing(cfg))
-    return train, val, h.hexdigest()
+        dtype = cache.row_dtype(max(tokenizer.vocab_size, bos + 1))
+    return train, val, h.hexdigest, bos, dtype
 
 
 def _packing(cfg: DataConfig) -> dict[str, Any]:
@@ -161,43 +219,43 @@ def _packing(cfg: DataConfig) -> dict[str, Any]:
     return {"packing": cfg.packing, "buffer": cfg.packing_buffer}
 
 
-def _cap_text(docs: list[str], max_bytes: int) -> list[str]:
-    out, total = [], 0
-    for d in docs:
-        if total >= max_bytes:
-            break
-        out.append(d)
-        total += len(d)
-    return out
+def _build(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, folder: Path) -> dict[str, Any]:
+    """Stream the configured data into a cache folder (``loopscale.data.cache.build``)."""
+    if cfg.source == "default":  # bytes, or a BPE (e.g. `loopscale tokenizer train --default`)
+        from loopscale.data.mixture import build_default
+
+        data = build_default(cfg)  # ~8M tokens, built in memory in about a second
+        encode = _encoder(tokenizer)
+        train = functools.partial(map, encode, data.train_docs)
+        val = functools.partial(map, encode, data.val_docs)
+        fingerprint, bos = data.fingerprint, tokenizer.bos_id
+        dtype = cache.row_dtype(max(tokenizer.vocab_size, bos + 1))
+    else:
+        train, val, fingerprint, bos, dtype = _user_streams(cfg, tokenizer)
+    return cache.build(folder, train_docs=train, val_docs=val, seq_len=seq_len, bos_id=bos, seed=cfg.seed,
+                       dtype=dtype, fingerprint=fingerprint, extra={"source": cfg.source}, **_packing(cfg))
+
+
+def check_allowed(cfg: DataConfig) -> None:
+    """``data.allow_default = false`` (the paper preset) refuses the embedded default: it is an 8M-token
+    stand-in that a paper-scale run would repeat 40-1,303 times, so training on it must be asked for."""
+    if cfg.source == "default" and not cfg.allow_default:
+        raise ConfigError("data.source", "the embedded default (an 8M-token stand-in) is refused by "
+                          "data.allow_default = false ([train.data] of the paper preset): set data.source and "
+                          "data.paths to your data, or data.allow_default = true to train on the stand-in anyway")
 
 
 def load_token_data(cfg: DataConfig, seq_len: int, *, use_cache: bool = True) -> TokenData:
-    """Build (or load from the cache) the packed training and validation rows."""
-    from loopscale.data.mixture import build_default
-    from loopscale.data.packing import pack_texts
-    from loopscale.io import atomic_save_torch
+    """The packed training and validation rows: mapped from the cache, built into it first if needed.
 
+    ``use_cache=False`` builds into a temporary folder and keeps the rows in memory (small data only).
+    """
+    check_allowed(cfg)
     tokenizer = make_tokenizer(cfg)
-    key = _cache_key(cfg, seq_len)
-    path = cache_dir() / "tokens" / f"{key}.pt"
-    if use_cache and path.exists():
-        try:
-            blob = torch.load(path, weights_only=True)
-            return TokenData(blob["train"], blob["val"], tokenizer, blob["fingerprint"])
-        except Exception:  # a corrupt cache entry is rebuilt, never trusted
-            path.unlink(missing_ok=True)
-    if cfg.source == "default":  # bytes, or a BPE (e.g. `loopscale tokenizer train --default`)
-        data = build_default(cfg)
-        train = pack_texts(data.train_docs, tokenizer, seq_len, seed=cfg.seed, **_packing(cfg))
-        val = pack_texts(data.val_docs, tokenizer, seq_len, seed=cfg.seed, shuffle=False, **_packing(cfg))
-        fingerprint = data.fingerprint()
-    else:
-        train, val, fingerprint = _user_rows(cfg, tokenizer, seq_len)
-    if train.size(0) == 0 or val.size(0) == 0:
-        raise ConfigError("data", f"yields no complete row of T+1 = {seq_len + 1} tokens "
-                          f"(train rows {train.size(0)}, validation rows {val.size(0)})")
-    dtype = torch.int32
-    td = TokenData(train.to(dtype), val.to(dtype), tokenizer, fingerprint)
+    build_into = functools.partial(_build, cfg, tokenizer, seq_len)
     if use_cache:
-        atomic_save_torch(path, {"train": td.train, "val": td.val, "fingerprint": fingerprint})
-    return td
+        rows = cache.get_or_build(cache_dir() / "tokens", _cache_key(cfg, seq_len), build_into)
+    else:
+        rows = cache.build_in_memory(build_into)
+    return TokenData(rows.train, rows.val, tokenizer, rows.meta["fingerprint"], order=rows.order,
+                     max_id=int(rows.meta["max_id"]), path=rows.path, built=rows.built)
