@@ -64,6 +64,9 @@ def plan(
     calibrate_s: float = typer.Option(60.0, "--calibrate-s", help="Time budget of the calibration (seconds)."),
     flops_per_s: float | None = typer.Option(None, "--flops-per-s", help="Assume this FLOP/s per run instead."),
     csv: Path | None = typer.Option(None, "--csv", help="Also write the plan as CSV."),
+    device_memory: str | None = typer.Option(
+        None, "--device-memory", help="Each run's GPU memory, e.g. 80GB or 79.6GiB: adds every run's micro-batch "
+        "and predicted peak memory (loopscale.memory). Default: this machine's GPU, if it has one."),
 ) -> None:
     """Print every run (size, tokens, steps, estimated time) and the totals, with warnings; trains nothing."""
     from loopscale.sweep import load_spec, make_plan
@@ -74,15 +77,20 @@ def plan(
     cal = None
     if calibrate and not flops_per_s:
         cal = Calibration(root / "calibration.json")
+    mem_bytes = _device_memory(device_memory)
     p = make_plan(spec, variants=variant or None, calibration=cal, flops_per_s=flops_per_s, calibrate_s=calibrate_s,
-                  log=lambda m: err_console.print(m, style="dim", highlight=False))
+                  log=lambda m: err_console.print(m, style="dim", highlight=False), device_memory=mem_bytes)
     t = Table(box=box.SIMPLE_HEAD, title=f"sweep {spec.name}: {len(p.rows)} runs", title_justify="left")
-    for col in ("run", "C", "r", "d", "layout", "N_once", "N_rec", "tokens", "tok/param", "steps", "est.", ""):
+    mem_cols = ("micro", "peak") if mem_bytes else ()
+    cols = ("run", "C", "r", "d", "layout", "N_once", "N_rec", "tokens", "tok/param", "steps", *mem_cols, "est.", "")
+    for col in cols:
         t.add_column(col, justify="left" if col in ("run", "layout", "") else "right")
     for row in p.rows:
         rs = row.run
+        mem = (str(row.micro_batch or "-"), f"{row.peak_bytes / 1e9:.1f} GB" if row.peak_bytes else "-")
+        mem = mem if mem_bytes else ()
         t.add_row(rs.run_id, f"{rs.C:.3g}", str(rs.r), str(rs.d_model), rs.config.model.layout, _m(row.N_once),
-                  _m(row.N_rec), _m(row.tokens), f"{row.tokens_per_param:.3g}", str(row.steps),
+                  _m(row.N_rec), _m(row.tokens), f"{row.tokens_per_param:.3g}", str(row.steps), *mem,
                   _dur(row.est_s) + ("*" if row.est_kind == "extrapolated" else ""),
                   "!" if row.warnings else "")
     console.print(t)
@@ -95,6 +103,8 @@ def plan(
     per_variant = ", ".join(f"{k} {v}" for k, v in p.by_variant().items())
     console.print(f"[bold]total:[/] {len(p.rows)} runs ({per_variant}), {p.total_flops:.4g} FLOPs, "
                   f"{sum(r.tokens for r in p.rows):.4g} tokens", highlight=False)
+    if p.memory_note:
+        console.print(f"[bold]memory:[/] {p.memory_note}", highlight=False)
     if p.total_s is None and p.calibration_note:
         console.print(f"[bold]estimated time:[/] - ({p.calibration_note})", highlight=False)
     if p.total_s is not None:
@@ -114,6 +124,19 @@ def plan(
 
         atomic_write_text(csv, pd.DataFrame([r.as_dict() for r in p.rows]).to_csv(index=False))
         console.print(f"plan written to {csv}", highlight=False)
+
+
+def _device_memory(text: str | None) -> float | None:
+    """--device-memory in bytes; without it this machine's GPU memory, or None (no memory columns)."""
+    from loopscale import memory
+    from loopscale.errors import ConfigError
+
+    if text is None:
+        return memory.device_total_memory("cuda")
+    try:
+        return float(memory.parse_bytes(text))
+    except ValueError:
+        raise ConfigError("--device-memory", "expected a size such as 80GB or 79.6GiB", value=text) from None
 
 
 @sweep_app.command()

@@ -2,7 +2,9 @@
 
 For every distinct (model, batch, optimiser, device, threads) of a sweep, cheapest first: one
 warm-up step, then timed steps (forward + backward on ``rows`` rows of random tokens, and the
-optimiser step) give seconds per row and per optimiser step; a run's estimate is
+optimiser step) give seconds per row and per optimiser step. The rows are at most 8, the run's
+micro-batch, what the time budget allows, and what ``loopscale.memory`` predicts fits this device
+(a shape that cannot fit one row is extrapolated, not measured). A run's estimate is
 ``steps * (rows_per_step * s_per_row + s_opt) + validation + fixed overhead``. When the time budget
 is spent (the paper's grid on a laptop), the remaining shapes are extrapolated from the achieved
 FLOP/s of the measured shape nearest in FLOPs/token, and marked so. Results are cached in
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loopscale import accounting
+from loopscale import accounting, memory
 from loopscale.io import atomic_write_json
 from loopscale.train.config import TrainConfig
 
@@ -62,6 +64,11 @@ def _device(cfg: TrainConfig) -> str:
 
     pref = cfg.run.device
     return "cuda" if pref == "cuda" or (pref == "auto" and torch.cuda.is_available()) else "cpu"
+
+
+def _run_micro(cfg: TrainConfig, device: str, limit: float | None) -> int:
+    """The rows per forward the run would use on this device (``run.micro_batch``, "auto" resolved)."""
+    return memory.micro_batches(cfg, device=device, limit=limit).train or 1
 
 
 def measure(cfg: TrainConfig, rows: int, *, steps: int = 2) -> tuple[float, float]:
@@ -155,14 +162,18 @@ class Calibration:
         todo = [(k, c) for k, c in shapes.items() if k not in self.entries]
         todo.sort(key=lambda kc: accounting.train_flops_per_token(kc[1].model))
         guess = GUESS_FLOPS_PER_S[device]
+        total_mem = memory.device_total_memory(device)
+        limit = memory.usable_memory(total_mem, device) if total_mem else None
         t_start = time.time()
         for key, cfg in todo:
             f = accounting.train_flops_per_token(cfg.model)
             row_s = f * cfg.model.seq_len / (self._nearest_fps(f) or guess)
             left = budget_s - (time.time() - t_start)
-            n_rows = min(rows, cfg.run.micro_batch or cfg.run.batch_size, int(left / (3 * row_s)))
+            n_rows = min(rows, _run_micro(cfg, device, limit), int(left / (3 * row_s)))
+            if limit is not None and n_rows >= 1:
+                n_rows = memory.max_rows(cfg, device=device, limit=limit, most=n_rows)
             if n_rows < 1:
-                continue  # does not fit in the budget: extrapolated
+                continue  # does not fit in the budget or in memory: extrapolated
             if log is not None:
                 log(f"calibrating {cfg.model.layout} d={cfg.model.width} ({n_rows} rows of {cfg.model.seq_len})")
             s_row, s_opt = measure(cfg, n_rows)

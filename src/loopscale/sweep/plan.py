@@ -2,7 +2,9 @@
 
 All numbers come from ``loopscale.accounting`` (the runs' exact configs); times from
 ``calibrate`` (this machine) or from an assumed FLOP/s (a cluster). Warnings name the run:
-``refused``  fewer steps than ``run.min_steps`` (the trainer would refuse it);
+``refused``  fewer steps than ``run.min_steps`` (the trainer would refuse it), or, for a device memory,
+           not even one row fits (``loopscale.memory``; the trainer's ``micro_batch = "auto"`` refuses it);
+``memory``   a fixed ``run.micro_batch`` (or all rows) predicted above the device's usable memory;
 ``budget``   whole steps miss C by more than ``checks.budget_tolerance``;
 ``tokens/param`` outside ``[checks.min_tokens_per_param, checks.max_tokens_per_param]``;
 ``long``     estimate above ``checks.max_run_hours``.
@@ -13,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from loopscale import accounting
+from loopscale import accounting, memory
 from loopscale.sweep.calibrate import Calibration, Timing, assumed_timing
 from loopscale.sweep.spec import RunSpec, SweepSpec
 
@@ -31,6 +33,13 @@ class PlanRow:
     est_s: float | None = None
     est_kind: str = ""  # measured / extrapolated / assumed
     warnings: list[str] = field(default_factory=list)
+    micro_batch: int | None = None  # rows per forward on the planned device (with a device memory)
+    val_micro_batch: int | None = None
+    peak_bytes: float | None = None  # predicted peak of one process at ``micro_batch`` rows
+
+    @property
+    def refused(self) -> bool:
+        return any(w.startswith("refused") for w in self.warnings)
 
     def as_dict(self) -> dict[str, Any]:
         rs = self.run
@@ -38,7 +47,8 @@ class PlanRow:
                 "d_model": rs.d_model, "layout": rs.config.model.layout, "N_once": self.N_once, "N_rec": self.N_rec,
                 "flops_per_token": self.flops_per_token, "steps": self.steps, "tokens": self.tokens,
                 "flops": self.flops, "tokens_per_param": self.tokens_per_param, "est_s": self.est_s,
-                "est_kind": self.est_kind, "warnings": "; ".join(self.warnings)}
+                "est_kind": self.est_kind, "micro_batch": self.micro_batch, "val_micro_batch": self.val_micro_batch,
+                "peak_bytes": self.peak_bytes, "warnings": "; ".join(self.warnings)}
 
 
 @dataclass
@@ -46,6 +56,7 @@ class Plan:
     spec: SweepSpec
     rows: list[PlanRow]
     calibration_note: str = ""
+    memory_note: str = ""
 
     @property
     def total_flops(self) -> float:
@@ -90,26 +101,61 @@ def plan_row(rs: RunSpec, spec: SweepSpec) -> PlanRow:
     return row
 
 
+def plan_device(rs: RunSpec) -> str:
+    """The device a run is planned for against a device memory: CUDA unless it asks for the CPU."""
+    return "cpu" if rs.config.run.device == "cpu" else "cuda"
+
+
+def plan_memory(row: PlanRow, device_memory: float) -> None:
+    """Set a row's micro-batches and predicted peak for one process on a device of ``device_memory`` bytes
+    (one process per run), with a ``refused`` warning when not even one row fits."""
+    cfg, device = row.run.config, plan_device(row.run)
+    limit = memory.usable_memory(device_memory, device)
+    auto = cfg.run.micro_batch == "auto"
+    mb = memory.micro_batches(cfg, device=device, limit=limit)
+    best = mb if auto else memory.micro_batches(cfg.model_copy(update={"run": cfg.run.model_copy(
+        update={"micro_batch": "auto"})}), device=device, limit=limit)
+    row.micro_batch, row.val_micro_batch, row.peak_bytes = mb.train, mb.val, mb.train_peak
+    usable = f"{memory.fmt_bytes(limit)} usable of {memory.fmt_bytes(device_memory)}"
+    if best.train is None:
+        row.warnings.insert(0, f"refused: one row of {cfg.model.seq_len} tokens needs "
+                               f"{memory.fmt_bytes(best.train_peak)} > {usable} (loopscale.memory)")
+    elif mb.train_peak > limit:
+        row.warnings.append(f"memory: {memory.fmt_bytes(mb.train_peak)} predicted at micro_batch={mb.train} > "
+                            f"{usable}; set run.micro_batch = \"auto\" ({best.train} rows)")
+
+
 def make_plan(spec: SweepSpec, *, variants: list[str] | None = None, calibration: Calibration | None = None,
-              flops_per_s: float | None = None, calibrate_s: float = 60.0, log: Any = None) -> Plan:
-    """Plan every run; estimate times from ``flops_per_s`` if given, else from a (cached) calibration."""
+              flops_per_s: float | None = None, calibrate_s: float = 60.0, log: Any = None,
+              device_memory: float | None = None) -> Plan:
+    """Plan every run; estimate times from ``flops_per_s`` if given, else from a (cached) calibration.
+
+    ``device_memory`` (bytes of each run's GPU): also each run's micro-batch and predicted peak memory.
+    """
     runs = spec.runs(variants)
     rows = [plan_row(rs, spec) for rs in runs]
+    mem_note = ""
+    if device_memory:
+        for row in rows:
+            plan_memory(row, device_memory)
+        mem_note = (f"{memory.fmt_bytes(device_memory)} per GPU, "
+                    f"{memory.fmt_bytes(memory.usable_memory(device_memory))} usable (less 10 % and 1 GiB); "
+                    "peak and micro-batch of one process per run, predicted by loopscale.memory")
     note = ""
     timings: list[Timing | None] = [None] * len(rows)
     if flops_per_s:
         timings = [assumed_timing(r.run.config, flops_per_s) for r in rows]
         note = f"estimates assume {flops_per_s:.3g} FLOP/s per run"
     elif calibration is not None:
-        measured, total = calibration.ensure([r.run.config for r in rows if not r.warnings or
-                                              not r.warnings[0].startswith("refused")], budget_s=calibrate_s, log=log)
+        measured, total = calibration.ensure([r.run.config for r in rows if not r.refused], budget_s=calibrate_s,
+                                             log=log)
         timings = [calibration.timing(r.run.config) if measured else None for r in rows]
         note = calibration.note or (f"estimates from {measured} of {total} model shapes timed on this machine "
                                     f"({calibration.hardware})")
         if 0 < measured < total:
             note += "; the rest extrapolated from the nearest shape's FLOP/s"
     for row, t in zip(rows, timings, strict=True):
-        if t is None or (row.warnings and row.warnings[0].startswith("refused")):
+        if t is None or row.refused:
             row.est_s = 0.0 if t is not None else None
             continue
         row.est_s = t.run_seconds(row.run.config, row.steps)
@@ -117,4 +163,4 @@ def make_plan(spec: SweepSpec, *, variants: list[str] | None = None, calibration
         if spec.checks.max_run_hours and row.est_s > 3600 * spec.checks.max_run_hours:
             row.warnings.append(f"long: ~{row.est_s / 3600:.1f} h > checks.max_run_hours="
                                 f"{spec.checks.max_run_hours:g}")
-    return Plan(spec, rows, note)
+    return Plan(spec, rows, note, mem_note)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -21,7 +21,9 @@ class RunConfig(StrictModel):
     tokens: float | None = Field(None, gt=0, description="training tokens D (instead of budget)")
     steps: int | None = Field(None, gt=0, description="optimiser steps (instead of budget or tokens)")
     batch_size: int = Field(32, gt=0, description="rows of T tokens per optimiser step, all ranks together")
-    micro_batch: int | None = Field(None, gt=0, description="rows per forward pass (gradient accumulation)")
+    micro_batch: Annotated[int, Field(gt=0)] | Literal["auto"] | None = Field(
+        None, description="rows per forward pass (the rest is gradient accumulation); None: all rows of a "
+        "process; 'auto': the most that fit the device's memory (loopscale.memory)")
     seed: int = Field(0, ge=0, description="model init; data order comes from data.seed")
     min_steps: int = Field(20, ge=1, description="refuse runs shorter than this many steps")
     val_tokens: int = Field(131072, gt=0, description="held-out tokens for the validation loss")
@@ -37,12 +39,22 @@ class RunConfig(StrictModel):
     track: Literal["none", "wandb", "tensorboard"] = "none"
     fail_at_step: int | None = Field(None, ge=0, description="testing: raise at this step")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _micro_batch(cls, data: Any) -> Any:
+        """One line for a bad micro_batch instead of pydantic's report on each member of the union."""
+        v = data.get("micro_batch") if isinstance(data, dict) else None
+        ok = v is None or v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v > 0)
+        if not ok:
+            raise ConfigError("micro_batch", 'expected a positive number of rows or "auto"', value=v)
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
         given = [k for k in ("budget", "tokens", "steps") if getattr(self, k) is not None]
         if len(given) > 1:
             raise ConfigError(given[1], f"give only one of budget, tokens, steps (also set: {given[0]})")
-        if self.micro_batch is not None and self.batch_size % self.micro_batch:
+        if isinstance(self.micro_batch, int) and self.batch_size % self.micro_batch:
             raise ConfigError("micro_batch", f"must divide batch_size={self.batch_size}", value=self.micro_batch)
         return self
 

@@ -24,7 +24,7 @@ from typing import Any
 import tomli_w
 import torch
 
-from loopscale import accounting
+from loopscale import accounting, memory
 from loopscale.errors import ConfigError, LoopscaleError
 from loopscale.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl
 from loopscale.model import LoopedLM
@@ -202,7 +202,8 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
     if B % dist.world:
         raise ConfigError("run.batch_size", f"must be divisible by the {dist.world} processes", value=B)
     per_rank = B // dist.world
-    micro = min(run.micro_batch or per_rank, per_rank)
+    mb = micro_batches(cfg, device, dist.world)
+    micro, val_micro = mb.train or 1, mb.val or 1
     if per_rank % micro:
         raise ConfigError("run.micro_batch", f"must divide the {per_rank} rows per process", value=micro)
     n_micro = per_rank // micro
@@ -211,7 +212,7 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
     if cfg.model.vocab_size < data.tokenizer.vocab_size:
         raise ConfigError("model.vocab_size", f"smaller than the tokenizer's vocabulary "
                           f"({data.tokenizer.vocab_size})", value=cfg.model.vocab_size)
-    max_id = int(max(data.train.max(), data.val.max()))
+    max_id = data.max_id  # from the cache's meta.json: no scan of the mapped rows in every rank
     if max_id >= cfg.model.vocab_size:
         raise ConfigError("model.vocab_size", f"the data holds token id {max_id}; set vocab_size > {max_id} "
                           "(tokenizer and data do not match)", value=cfg.model.vocab_size)
@@ -245,6 +246,8 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
             model, device_ids=[device.index] if device.type == "cuda" else None)
     dtype = resolved_dtype(device, run.dtype)
     peak = peak_flops(device, run.dtype)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     diverge_at = 2.0 * math.log(cfg.model.vocab_size) + 1.0
 
     bar = _progress_bar(progress and dist.is_main, total_steps, start, run_dir.name)
@@ -288,8 +291,10 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
                 rec["flops_per_s"] = (rec["tokens_per_s"] or 0) * f_token
                 if peak:
                     rec["mfu"] = rec["flops_per_s"] / (peak * dist.world)
+                if device.type == "cuda":
+                    rec["max_memory_allocated"] = torch.cuda.max_memory_allocated(device)
                 if is_eval:
-                    rec["val_loss"] = evaluate_loss(model, val_rows, micro_batch=micro, device=device,
+                    rec["val_loss"] = evaluate_loss(model, val_rows, micro_batch=val_micro, device=device,
                                                     dtype=dtype, dist_world=dist.world, rank=dist.rank)
                 if dist.is_main:
                     append_jsonl(run_dir / METRICS, rec)
@@ -314,9 +319,10 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
                                      f"{total_steps}; checkpoint saved, rerun to resume", sig.caught)
 
     tracker.close()
+    measured = _measured_peak(device)
     val_se = float("nan")
     if status == "ok":
-        val_loss, val_se = val_loss_stats(model, val_rows, micro_batch=micro, device=device, dtype=dtype,
+        val_loss, val_se = val_loss_stats(model, val_rows, micro_batch=val_micro, device=device, dtype=dtype,
                                           dist_world=dist.world, rank=dist.rank)
         if not math.isfinite(val_loss):
             status = "diverged"
@@ -343,7 +349,11 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
         "versions": versions(),
         "data_fingerprint": data.fingerprint,
         "threads": threads,
+        **mb.record(),
     }
+    if measured is not None:  # CUDA: what the allocator saw, beside the prediction (training, then validation)
+        result["measured_peak_bytes"] = measured
+        result["measured_val_peak_bytes"] = _measured_peak(device) if status == "ok" else None
     if status == "diverged":
         result["error"] = f"loss {last_loss:.4g} at step {steps_done} (non-finite or above {diverge_at:.3g})"
     if dist.is_main:
@@ -357,6 +367,32 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
     if dist.world > 1:
         torch.distributed.barrier()
     return result
+
+
+def micro_batches(cfg: TrainConfig, device: torch.device, world: int = 1) -> memory.MicroBatches:
+    """The run's training and validation micro-batches on this device (``run.micro_batch``; docs/training.md).
+
+    ``"auto"`` plans for the device's usable memory (``memory.usable_memory``: a GPU's total less 10 % and
+    1 GiB, half of a CPU host); a run that cannot fit one row is a ConfigError, never retried.
+    """
+    total = memory.device_total_memory(str(device))
+    limit = None if total is None else memory.usable_memory(total, device.type)
+    mb = memory.micro_batches(cfg, device=device.type, limit=limit, world=world)
+    if mb.train is None:
+        raise ConfigError("run.micro_batch", f"auto: one row of {cfg.model.seq_len} tokens needs "
+                          f"{memory.fmt_bytes(mb.train_peak)} (predicted, loopscale.memory) but one process on "
+                          f"{device} has {memory.fmt_bytes(limit or 0)} usable; use a larger device, more "
+                          "processes or a smaller model", value="auto")
+    return mb
+
+
+def _measured_peak(device: torch.device) -> int | None:
+    """CUDA's peak allocated bytes since the last reset (then reset), or None on CPU."""
+    if device.type != "cuda":
+        return None
+    peak = int(torch.cuda.max_memory_allocated(device))
+    torch.cuda.reset_peak_memory_stats(device)
+    return peak
 
 
 def _jsonl(rec: dict[str, Any]) -> str:

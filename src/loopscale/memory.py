@@ -1,0 +1,412 @@
+"""Memory of one training step: the one source of the micro-batch rule (arXiv 2604.21106 trains 128 rows of T = 2048).
+
+Pure functions of a ModelConfig (and, for a run's micro-batches, a TrainConfig), like
+``loopscale.accounting``: nothing here builds a model; torch is imported only to ask a device for its
+size. ``tests/test_memory.py`` checks the terms against what autograd saves and what a CPU training
+step allocates (fp32 and bf16 autocast, every injection, truncated BPTT, math attention), and pins
+the CUDA prediction at paper scale.
+
+A step peaks at the start of backward (every activation of the micro-batch is still saved) or in
+the optimiser step::
+
+    peak(rows) = state + max(rows T (A + L_bwd) + W_fwd,  S_opt)
+    state      = 4N weights + 4N grads + 4 N_matrix MuonH momentum + 8 N_adam AdamW moments (fp32)
+                 (+ 4N DDP gradient buckets with several processes; the grads are not yet live at the
+                 first backward of a step that runs a single forward)
+
+**A, bytes per token kept for backward**, read off model/layers.py and model/looped.py op by op. ``a``
+is the size of a matmul output (2 under bf16 autocast, 4 in fp32), ``m = mlp_ratio``, ``H`` heads.
+One block application with gradients keeps::
+
+    4d + 4     norm1's input in fp32 (autocast runs rms_norm in fp32) and 1/rms
+    a d        the normed x as the fused q/k/v GEMM's input (its bf16 cast under autocast)
+    3a d       the q/k/v output, whole: v and the RoPE halves are views of it
+    8d + 8H    QK-norm's input (the RoPE output, upcast to fp32) and 1/rms per head of q and k
+    2a d       q and k as SDPA saves them (normed, cast to a)
+    a d + 4H   SDPA's output and logsumexp: the flash/efficient kernels (CUDA) and torch's CPU flash
+               kernel keep O(T) per row, not the T x T matrix
+    a d        the head-merged copy the out projection saves (``y.transpose(1, 2).reshape``)
+    4d + 4     norm2's input (x + attn) and 1/rms;  a d  its output, the MLP's input
+    2m a d     ReLU's output and its square (the square as proj's input)
+    8d         composite RMSNorm only (CPU; CUDA without torch's fused rms_norm, pytorch/pytorch#153666):
+               x / rms of both weighted norms, for the weights' gradient
+    4m d       CUDA autocast only: ``square`` is ``pow``, which CUDA autocast runs in fp32, so the fp32
+               copy of the ReLU output is saved too
+    = d (16 + 9a + 2ma) + 12H + 8 (+ 8d, + 4md): CPU fp32 92d, CUDA bf16 66d per token
+    math SDPA instead: scaled q, k and a copy of v (3a d) and the probabilities (H T a), no q/k/v output
+
+A recurrence with gradients adds norm_recur (4d + 4, + 4d composite) and its injection's input: linear
+``[e || h]`` (2a d); hyperconnect the K lanes for its two lane mixes (4Kd, or a bf16 cast per mix
+under autocast, 2aKd) and the normed output that beta scales; additive and passthrough save nothing.
+Once per token: ids and targets (16), norm_emb and norm_final (4d + 4 each, + 4d composite), the
+head's input (a d) and the fp32 loss path over the *real* vocabulary V: tanh's output (softcap) and
+log-softmax's output, 4V each (the fp32 logits themselves are not saved: division by and multiplication
+with a scalar keep nothing). Full BPTT keeps ``n_prelude + r n_recur + n_coda`` block applications and
+r recurrences; truncated BPTT ``n_prelude + k n_recur + n_coda`` and k (the rest run under no_grad).
+
+**L_bwd** (per token): at log-softmax's backward its incoming and outgoing fp32 gradients, 8V; with a
+small vocabulary the last block's squared-ReLU backward instead (4d + 2m a d, + 8md under CUDA autocast).
+**W_fwd** (per micro-batch): the concatenated q/k/v weight per block application (3d^2 a) and, under
+autocast, the cached bf16 casts of the other weights and RoPE's tables cast per application.
+**S_opt**: MuonH's largest bucket of same-shape matrices (P parameters, n matrices m x M, m <= M): the
+lerped updates and their stack (8P), the orthogonalisation's X, aX, BX, new X and the m x m Gram
+matrices in the ns dtype s, ``8P + s (4P + 2 n m^2)``, or after it the stacked weights and their two
+updates ``16P + 2sP``; AdamW's foreach temporaries on CPU (8 bytes per AdamW parameter; CUDA's fused
+AdamW has none).
+
+**Validation** (no grad) keeps nothing: per token the loss path at once (fp32 logits, their /softcap
+copy, tanh: 12V) or a block's MLP while the key/value tuples of this block and the one before (v keeps
+the q/k/v output) and the residual streams are alive, on top of the weights, optimiser state and
+autocast's weight casts.
+
+Left out: kernel workspaces that never become tensors (cuBLAS, attention scratch), the CUDA context,
+allocator fragmentation. They are the margin of :func:`usable_memory`: 10 % of the device and 1 GiB.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from loopscale import accounting
+from loopscale.config import ModelConfig
+
+if TYPE_CHECKING:
+    from loopscale.train.config import TrainConfig
+
+MARGIN_FRACTION = 0.10  # of a GPU: allocator fragmentation, cuBLAS and attention workspaces
+MARGIN_BYTES = 2**30  # the CUDA context and NCCL buffers, outside torch's allocator
+CPU_FRACTION = 0.5  # of a host's physical memory: it also holds the token data and other runs
+
+
+# ---- where the step runs -----------------------------------------------------------------
+@dataclass(frozen=True)
+class Regime:
+    """Device and autocast dtype, which decide what autograd keeps and in which dtype.
+
+    ``attention``: ``flash`` (the fused SDPA kernels both devices pick for causal training) or ``math``.
+    ``fused_norm``: None = the device's rms_norm (CUDA fused, CPU composite).
+    """
+
+    device: str = "cuda"  # "cuda" | "cpu"
+    dtype: str = "bfloat16"  # "bfloat16" | "float32"
+    attention: str = "flash"
+    fused_norm: bool | None = None
+
+    @property
+    def a(self) -> int:
+        """Bytes per element of a matmul output."""
+        return 2 if self.autocast else 4
+
+    @property
+    def autocast(self) -> bool:
+        return self.dtype == "bfloat16"
+
+    @property
+    def cuda_autocast(self) -> bool:
+        """CUDA's autocast runs pow (``square``) and rms_norm in fp32; CPU's runs neither."""
+        return self.autocast and self.device == "cuda"
+
+    @property
+    def composite_norm(self) -> bool:
+        return not (self.device == "cuda" if self.fused_norm is None else self.fused_norm)
+
+    @property
+    def norm_out(self) -> int:
+        """Bytes per element of an RMSNorm's output on a bf16 input (CPU's casts back to bf16)."""
+        return self.a if self.autocast and not self.cuda_autocast else 4
+
+
+def regime(device: str, dtype: str = "auto", attention: str = "flash") -> Regime:
+    """A run's regime: ``dtype = auto`` is bf16 on CUDA, fp32 on CPU (as ``train.hardware``)."""
+    dev = "cuda" if str(device).startswith("cuda") else "cpu"
+    if dtype == "auto":
+        dtype = "bfloat16" if dev == "cuda" else "float32"
+    return Regime(dev, dtype, attention)
+
+
+# ---- activations (bytes per token) ----------------------------------------------------------
+def _norm(d: int, rg: Regime) -> int:
+    """A weighted RMSNorm: its fp32 input and 1/rms, and x / rms where the norm is composite."""
+    return 4 * d + 4 + (4 * d if rg.composite_norm else 0)
+
+
+def _unique_blocks(cfg: ModelConfig) -> int:
+    return cfg.n_prelude + cfg.n_recur + cfg.n_coda if cfg.is_looped else cfg.L_eff
+
+
+def block_bytes(cfg: ModelConfig, rg: Regime) -> float:
+    """Bytes per token one block application keeps for backward (the table in the module docstring)."""
+    d, h, m, a = cfg.width, cfg.n_head, cfg.mlp_ratio, rg.a
+    attn = a * d + (8 * d + 8 * h) + a * d  # GEMM input; QK-norm's input and 1/rms; the merged copy
+    if rg.attention == "flash":
+        attn += 3 * a * d + 2 * a * d + a * d + 4 * h  # q/k/v output, normed q and k, output, logsumexp
+    else:
+        attn += 3 * a * d + h * cfg.seq_len * a  # scaled q and k, a copy of v; the T x T probabilities
+    mlp = a * d + 2 * m * a * d + (4 * m * d if rg.cuda_autocast else 0)
+    return float(2 * _norm(d, rg) + attn + mlp)
+
+
+def loop_bytes(cfg: ModelConfig, rg: Regime) -> float:
+    """Bytes per token one recurrence with gradients keeps besides its blocks: norm_recur and the injection."""
+    if not cfg.is_looped:
+        return 0.0
+    d = cfg.width
+    inject = 0
+    if cfg.injection == "linear":
+        inject = 2 * rg.a * d
+    elif cfg.injection == "hyperconnect":
+        k = cfg.hc_lanes
+        inject = (2 * rg.a * k * d if rg.autocast else 4 * k * d) + rg.norm_out * d
+    return float(_norm(d, rg) + inject)
+
+
+def grad_applications(cfg: ModelConfig) -> tuple[int, int]:
+    """(block applications, recurrences) that keep activations: all, or the last k under truncated BPTT."""
+    if not cfg.is_looped:
+        return cfg.L_eff, 0
+    k = cfg.k_grad
+    return cfg.n_prelude + k * cfg.n_recur + cfg.n_coda, k
+
+
+def logits_bytes(cfg: ModelConfig) -> float:
+    """The fp32 loss path over the real vocabulary: tanh's output (softcap) and log-softmax's output."""
+    return float(4 * cfg.vocab_size * (2 if cfg.softcap is not None else 1))
+
+
+def activation_bytes(cfg: ModelConfig, rg: Regime) -> float:
+    """A: bytes per token kept for backward."""
+    d = cfg.width
+    blocks, recurrences = grad_applications(cfg)
+    ends = 16 + 2 * _norm(d, rg) + rg.a * d  # ids and targets; norm_emb, norm_final; the head's input
+    return ends + blocks * block_bytes(cfg, rg) + recurrences * loop_bytes(cfg, rg) + logits_bytes(cfg)
+
+
+def backward_transient_bytes(cfg: ModelConfig, rg: Regime) -> float:
+    """L_bwd: log-softmax's two fp32 gradients, or (small vocabularies) the last squared-ReLU backward."""
+    d, m = cfg.width, cfg.mlp_ratio
+    block = 4 * d + 2 * m * rg.a * d + (8 * m * d if rg.cuda_autocast else 0)
+    return float(max(8 * cfg.vocab_size, block))
+
+
+def cached_cast_bytes(cfg: ModelConfig, rg: Regime) -> float:
+    """Autocast's cache of bf16 weight copies (leaf weights: out, MLP, injection, head), held through the
+    forward and then by autograd; the concatenated q/k/v weight is no leaf and is cast at every use."""
+    if not rg.autocast:
+        return 0.0
+    d = cfg.width
+    inject = 2 * d * d if cfg.is_looped and cfg.injection == "linear" else 0
+    return float((_unique_blocks(cfg) * (1 + 2 * cfg.mlp_ratio) * d * d + inject + cfg.vocab_padded * d) * rg.a)
+
+
+def weight_copy_bytes(cfg: ModelConfig, rg: Regime) -> float:
+    """W_fwd: weight copies one forward keeps: the q/k/v concat per application (and RoPE's cast tables),
+    and autocast's cached casts."""
+    blocks, _ = grad_applications(cfg)
+    per_use = 3 * cfg.width * cfg.width * rg.a + (cfg.seq_len * cfg.head_dim * rg.a if rg.autocast else 0)
+    return blocks * per_use + cached_cast_bytes(cfg, rg)
+
+
+def eval_bytes(cfg: ModelConfig, rg: Regime) -> float:
+    """Bytes per token at a no-grad forward's worst moment: the loss path, or a block's MLP."""
+    d, m, a, v = cfg.width, cfg.mlp_ratio, rg.a, cfg.vocab_size
+    loss = (4 * cfg.vocab_padded + 8 * v if a == 4 else 12 * v) + 4 * d  # logits, /softcap, tanh; last x
+    kv = 2 * (3 * a * d + 2 * rg.norm_out * d)  # this block's and the previous block's (k, v)
+    mlp = m * a * d + (8 * m * d if rg.cuda_autocast else m * a * d)  # ReLU and pow's fp32 copy and result
+    residuals = 4 * d * (4 + (3 if cfg.is_looped else 0))
+    if cfg.is_looped and cfg.injection == "hyperconnect":
+        residuals += 4 * d * (cfg.hc_lanes - 1)
+    return float(max(loss, kv + mlp + residuals))
+
+
+# ---- parameters and optimiser state (bytes) -------------------------------------------------
+def matrix_params(cfg: ModelConfig) -> int:
+    """Parameters MuonH updates: the blocks' matrices and the linear injection's (hyperconnect's are AdamW's)."""
+    inject = accounting.injection_params(cfg) if cfg.is_looped and cfg.injection == "linear" else 0
+    return _unique_blocks(cfg) * accounting.block_params(cfg) + inject
+
+
+def state_bytes(cfg: ModelConfig, *, optim: str = "muonh", world: int = 1, grads: bool = True) -> float:
+    """fp32 weights, their grads (and DDP's gradient buckets), MuonH momentum and AdamW moments."""
+    n = accounting.N_total(cfg)
+    n_matrix = matrix_params(cfg) if optim == "muonh" else 0
+    moments = 4 * n_matrix + 8 * (n - n_matrix)
+    grad = (4 * n + (4 * n if world > 1 else 0)) if grads else 0
+    return float(4 * n + grad + moments)
+
+
+def _muon_buckets(cfg: ModelConfig) -> list[tuple[int, int, int]]:
+    """MuonH's buckets as (matrices, m, M), m <= M: it stacks same-shape matrices, tall ones transposed."""
+    d, m, unique = cfg.width, cfg.mlp_ratio, _unique_blocks(cfg)
+    buckets = {(d, d): 4 * unique}
+    buckets[(d, m * d)] = buckets.get((d, m * d), 0) + 2 * unique
+    if cfg.is_looped and cfg.injection == "linear":
+        buckets[(d, 2 * d)] = buckets.get((d, 2 * d), 0) + 1
+    return [(n, lo, hi) for (lo, hi), n in buckets.items()]
+
+
+def optimizer_transient_bytes(cfg: ModelConfig, rg: Regime, *, optim: str = "muonh",
+                              ns_dtype: str = "auto") -> float:
+    """S_opt: the optimiser step's temporaries (module docstring)."""
+    n_adam = accounting.N_total(cfg) - (matrix_params(cfg) if optim == "muonh" else 0)
+    adam = 0.0 if rg.device == "cuda" else 8.0 * n_adam
+    if optim != "muonh":
+        return adam
+    s = 2 if ns_dtype == "bfloat16" or (ns_dtype == "auto" and rg.device == "cuda") else 4
+    worst = 0.0
+    for n, lo, hi in _muon_buckets(cfg):
+        p = n * lo * hi
+        worst = max(worst, 8 * p + s * (4 * p + 2 * n * lo * lo), 16 * p + 2 * s * p)
+    return max(worst, adam)
+
+
+# ---- peaks ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Peak:
+    """Predicted peak bytes of one process, by term."""
+
+    rows: int
+    state: float  # weights, grads, optimiser state
+    activations: float  # kept for backward, with the forward's weight copies (validation: 0)
+    transient: float  # the worst moment's temporaries on top
+    optimizer: float  # the optimiser step's temporaries (validation: 0)
+
+    @property
+    def total(self) -> float:
+        return self.state + max(self.activations + self.transient, self.optimizer)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "total": self.total}
+
+
+def train_peak(cfg: ModelConfig, rows: int, rg: Regime, *, optim: str = "muonh", ns_dtype: str = "auto",
+               world: int = 1, accumulate: bool = True) -> Peak:
+    """Peak of a training step whose forward passes take ``rows`` rows of T tokens each.
+
+    ``accumulate``: several forwards per step, so earlier forwards' grads are live at a later backward's
+    start (with one forward per step they appear only as its activations are freed).
+    """
+    tokens = rows * cfg.seq_len
+    state = state_bytes(cfg, optim=optim, world=world)
+    grads = 0.0 if accumulate else state - state_bytes(cfg, optim=optim, world=world, grads=False)
+    return Peak(rows, state, tokens * activation_bytes(cfg, rg) + weight_copy_bytes(cfg, rg) - grads,
+                tokens * backward_transient_bytes(cfg, rg),
+                optimizer_transient_bytes(cfg, rg, optim=optim, ns_dtype=ns_dtype))
+
+
+def eval_peak(cfg: ModelConfig, rows: int, rg: Regime, *, optim: str = "muonh", world: int = 1) -> Peak:
+    """Peak of a no-grad validation forward over ``rows`` rows, beside the weights and optimiser state."""
+    state = state_bytes(cfg, optim=optim, world=world, grads=False)
+    return Peak(rows, state, 0.0, rows * cfg.seq_len * eval_bytes(cfg, rg) + cached_cast_bytes(cfg, rg), 0.0)
+
+
+# ---- devices --------------------------------------------------------------------------------
+def usable_memory(total: float, device: str = "cuda") -> int:
+    """Bytes a process may plan for on a device of ``total`` bytes: a GPU less 10 % and 1 GiB (what
+    the model leaves out), half of a CPU host."""
+    if str(device).startswith("cuda"):
+        return max(0, int(total * (1 - MARGIN_FRACTION)) - MARGIN_BYTES)
+    return int(total * CPU_FRACTION)
+
+
+def device_total_memory(device: str) -> int | None:
+    """A CUDA device's total memory (torch), or the host's physical memory for ``cpu``; None if unknown."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        index = int(str(device).split(":")[1]) if ":" in str(device) else torch.cuda.current_device()
+        return int(torch.cuda.get_device_properties(index).total_memory)
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+_UNITS = {"": 1e9, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20,
+          "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str | float) -> int:
+    """``80GB`` (1e9 bytes), ``79.6GiB`` (2^30), ``8e10B``, or a bare number of GB."""
+    if isinstance(text, int | float):
+        return int(text * 1e9)
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)", str(text).strip().lower())
+    if m is None or m.group(2) not in _UNITS:
+        raise ValueError(f"expected a size such as 80GB or 79.6GiB, got {text!r}")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def fmt_bytes(n: float) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
+# ---- a run's micro-batches ------------------------------------------------------------------
+def largest_fitting(rows: int, limit: float, peak_of: Callable[[int], Peak], *, at_least: int = 1) -> int | None:
+    """The largest divisor of ``rows`` (at least ``at_least``) whose peak is within ``limit``."""
+    for k in range(rows, at_least - 1, -1):
+        if rows % k == 0 and peak_of(k).total <= limit:
+            return k
+    return None
+
+
+@dataclass(frozen=True)
+class MicroBatches:
+    """A run's training and validation micro-batches and their predicted peaks (bytes, one process)."""
+
+    rows_per_process: int
+    train: int | None  # None: not even one row fits
+    val: int | None
+    train_peak: float  # at ``train`` rows (at one row when nothing fits)
+    val_peak: float
+    limit: float | None  # usable bytes planned for (None: not known)
+
+    @property
+    def fits(self) -> bool:
+        return self.train is not None and (self.limit is None or self.train_peak <= self.limit)
+
+    def record(self) -> dict[str, Any]:
+        """What a run's result.json records."""
+        return {"micro_batch": self.train, "val_micro_batch": self.val, "predicted_peak_bytes": self.train_peak,
+                "predicted_val_peak_bytes": self.val_peak, "memory_limit_bytes": self.limit}
+
+
+def micro_batches(cfg: TrainConfig, *, device: str, limit: float | None, world: int = 1) -> MicroBatches:
+    """A run's micro-batches on ``device`` with ``limit`` usable bytes per process.
+
+    ``run.micro_batch``: None = all the process's rows in one forward; an int = that many (at most all);
+    ``"auto"`` = the largest divisor of the rows per process whose training peak is within ``limit``
+    (all rows when the limit is unknown), and for validation, which keeps no activations, the largest
+    divisor (at least the training one) whose validation peak is within it.
+    """
+    model, run, opt = cfg.model, cfg.run, cfg.optim
+    rg = regime(device, run.dtype)
+    per = max(1, run.batch_size // world)
+
+    def tp(k: int) -> Peak:
+        return train_peak(model, k, rg, optim=opt.name, ns_dtype=opt.ns_dtype, world=world, accumulate=k < per)
+
+    def vp(k: int) -> Peak:
+        return eval_peak(model, k, rg, optim=opt.name, world=world)
+
+    if run.micro_batch != "auto" or limit is None:
+        k = per if run.micro_batch in (None, "auto") else min(int(run.micro_batch), per)
+        return MicroBatches(per, k, k, tp(k).total, vp(k).total, limit)
+    k = largest_fitting(per, limit, tp)
+    if k is None:
+        return MicroBatches(per, None, None, tp(1).total, vp(1).total, limit)
+    v = largest_fitting(per, limit, vp, at_least=k) or k
+    return MicroBatches(per, k, v, tp(k).total, vp(v).total, limit)
+
+
+def max_rows(cfg: TrainConfig, *, device: str, limit: float, most: int) -> int:
+    """The most rows (1..``most``, any count) one training forward may take within ``limit`` (0: none)."""
+    rg = regime(device, cfg.run.dtype)
+    for k in range(most, 0, -1):
+        if train_peak(cfg.model, k, rg, optim=cfg.optim.name, ns_dtype=cfg.optim.ns_dtype).total <= limit:
+            return k
+    return 0
