@@ -370,7 +370,8 @@ def test_plan_refuses_runs_that_cannot_fit_one_row_and_flags_fixed_micro_batches
     refused = [r for r in small.rows if r.refused]
     assert refused and all(r.micro_batch is None for r in refused)
     assert refused[0].warnings[0].startswith("refused: one row of 2048 tokens needs")
-    fixed = make_plan(load_spec("paper"), device_memory=80e9).rows[0]  # no micro_batch: all 128 rows at once
+    unset = load_spec("paper", ["train.run.micro_batch=null"])  # no micro_batch: all 128 rows at once
+    fixed = make_plan(unset, device_memory=80e9).rows[0]
     assert fixed.micro_batch == 128 and fixed.warnings[-1].startswith("memory: ")
     assert 'set run.micro_batch = "auto" (32 rows)' in fixed.warnings[-1]
 
