@@ -34,14 +34,6 @@ GRID: list[dict[str, Any]] = json.loads((FIXTURES / "grid.json").read_text())["r
 PARITY_OPTIM = OptimConfig(ns_dtype="bfloat16")  # the paper orthogonalises in bf16 on every device
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _case(name: str) -> tuple[dict[str, Any], ModelConfig, LoopedLM, torch.Tensor, torch.Tensor, torch.Tensor]:
     case = CASES[name]
     tensors = load_file(str(FIXTURES / f"{name}.safetensors"))

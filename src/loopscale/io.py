@@ -26,7 +26,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _umask() -> int:
@@ -79,7 +79,8 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
+    """Make a rename inside ``folder`` durable (best effort: some file systems refuse directory fsync)."""
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:

@@ -57,6 +57,7 @@ import numpy as np
 
 from loopscale.data.packing import RowStream, shuffle_order
 from loopscale.errors import ConfigError
+from loopscale.io import fsync_dir
 
 FORMAT = 2
 CHUNK_ROWS = 256
@@ -167,7 +168,7 @@ def build(folder: Path, *, train_docs: Callable[[], Iterable[Sequence[int]]],
             "order": f"random.Random('loopscale.packing:{seed}').shuffle(range(train_rows))",
             "train_stats": out["train"]["stats"], "val_stats": out["val"]["stats"], **(extra or {})}
     _write_synced(folder / "meta.json", json.dumps(meta, indent=1) + "\n")
-    _fsync_dir(folder)
+    fsync_dir(folder)
     return meta
 
 
@@ -226,7 +227,7 @@ def get_or_build(root: Path, key: str, build_into: Callable[[Path], Any]) -> Pac
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        _fsync_dir(root)
+        fsync_dir(root)
     rows = open_rows(final)
     if rows is None:
         raise ConfigError(str(final), "the token cache just built cannot be read back")
@@ -283,19 +284,6 @@ def _write_synced(path: Path, text: str) -> None:
         fh.write(text)
         fh.flush()
         os.fsync(fh.fileno())
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _umask() -> int:
