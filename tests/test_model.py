@@ -214,6 +214,39 @@ def test_kv_cache_at_eval_r_keeps_one_slot_per_block_application() -> None:
     assert len(cache.slots) == 2 + 6 * 2 + 2
 
 
+def test_kv_cache_slots_grow_geometrically_without_copying_the_prefix_every_token() -> None:
+    m = LoopedLM(tiny(2)).eval()
+    x = tokens(1, 40)
+    cache = KVCache()
+    caps, buffers = [], set()
+    with torch.no_grad():
+        m(x[:, :3], cache=cache)
+        for t in range(3, 40):
+            m(x[:, t : t + 1], cache=cache)
+            caps.append(cache.slots[0].capacity)
+            buffers.add(cache.slots[0].k.data_ptr())
+    assert sorted(set(caps)) == [6, 12, 24, 48] and len(buffers) == 4  # 4 reallocations for 37 tokens
+    assert cache.length == 40 and all(s.length == 40 for s in cache.slots)
+
+
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")  # RMSNorm under CPU autocast
+def test_kv_cache_keeps_keys_in_the_compute_dtype() -> None:
+    from loopscale.model.layers import KVSlot
+
+    slot = KVSlot()
+    k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8, dtype=torch.bfloat16)
+    k_all, v_all = slot.append(k, v)  # autocast on CUDA can hand over fp32 keys (QK-norm) with bf16 values
+    assert k_all.dtype == v_all.dtype == torch.bfloat16 and torch.equal(k_all, k.to(torch.bfloat16))
+    m = LoopedLM(tiny(2)).eval()
+    x = tokens(2, 12)
+    cache = KVCache()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        full = m(x)
+        steps = [m(x[:, :6], cache=cache)] + [m(x[:, t : t + 1], cache=cache) for t in range(6, 12)]
+    assert {s.k.dtype for s in cache.slots} == {torch.bfloat16}
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=0.05, atol=0.05)
+
+
 def test_greedy_generate_matches_argmax_of_full_forward() -> None:
     m = LoopedLM(tiny(2)).eval()
     x = tokens(1, 6)

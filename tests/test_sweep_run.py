@@ -191,14 +191,39 @@ def test_a_live_lock_keeps_a_run_busy_and_a_dead_ones_lock_is_taken_over(tmp_pat
     lk.release()
 
 
-def test_gpu_slots_split_the_gpus_into_groups_of_nproc_per_run() -> None:
+def test_gpu_slots_split_the_gpus_into_groups_of_nproc_per_run(monkeypatch: pytest.MonkeyPatch) -> None:
     from loopscale.sweep.local import _worker_cmd, gpu_slots
 
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # ids are physical
     assert gpu_slots([0, 1, 2, 3], 1) == [{"CUDA_VISIBLE_DEVICES": str(i)} for i in range(4)]
     assert gpu_slots([0, 1, 2, 3, 4], 2) == [{"CUDA_VISIBLE_DEVICES": "0,1"}, {"CUDA_VISIBLE_DEVICES": "2,3"}]
     cmd = _worker_cmd(SweepStore("/x"), "rid", 2, nproc=2)
     assert cmd[1:4] == ["-m", "torch.distributed.run", "--standalone"] and "--nproc-per-node=2" in cmd
     assert cmd[-5:] == ["run-one", "/x", "rid", "--max-retries", "2"]
+
+
+def test_gpu_ids_are_positions_in_the_parents_cuda_visible_devices_and_uuids_pass_through(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from loopscale.errors import ConfigError
+    from loopscale.sweep.local import gpu_slots
+
+    def visible(gpus, nproc=1):
+        return [slot["CUDA_VISIBLE_DEVICES"] for slot in gpu_slots(gpus, nproc)]
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert visible([0, 1]) == ["4", "5"] and visible([3]) == ["7"]
+    assert visible(None) == ["4", "5", "6", "7"] and visible(None, 2) == ["4,5", "6,7"]
+    with pytest.raises(ConfigError, match=r"--gpus: ids are positions in CUDA_VISIBLE_DEVICES=4,5,6,7 .* 4 is not"):
+        gpu_slots([0, 4], 1)
+    uuids = "GPU-8f2a1c3e-0000-1111-2222-333344445555,MIG-1b2c3d4e-aaaa-bbbb-cccc-ddddeeeeffff,GPU-77"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", uuids)
+    assert visible(None) == uuids.split(",")
+    assert visible([2, 0]) == ["GPU-77", uuids.split(",")[0]]
+    assert visible(None, 2) == [",".join(uuids.split(",")[:2])]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 3,-1,4")  # CUDA stops at the first invalid entry
+    assert visible(None) == ["2", "3"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU visible
+    assert visible(None) == []
 
 
 def test_a_config_change_on_a_started_run_is_refused(finished, tmp_path: Path) -> None:
@@ -219,17 +244,22 @@ def test_gpu_slots_run_one_worker_per_gpu_at_a_time(tmp_path: Path, monkeypatch:
     worker = (
         "import json, os, sys, time; from pathlib import Path\n"
         "d = Path(sys.argv[1]); (d / 'gpu.txt').write_text(os.environ['CUDA_VISIBLE_DEVICES'])\n"
+        "(d / 'threads.txt').write_text(os.environ['LOOPSCALE_SLOT_CORES'] + ' ' + os.environ['OMP_NUM_THREADS'])\n"
         "(d / 'span.json').write_text(json.dumps([time.time(), time.time() + 0.4])); time.sleep(0.4)\n"
         "(d / 'result.json').write_text(json.dumps({'status': 'ok', 'val_loss': 1.0, 'wall_s': 0.4}))\n"
     )
     monkeypatch.setattr(local, "_worker_cmd",
                         lambda store, rid, retries, nproc: [sys.executable, "-c", worker, str(store.run_dir(rid))])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)), raising=False)  # a 16-core node
     spec = spec_from_dict(tiny_spec())
     store = prepare(spec, tmp_path / "sw")
     summary = run_sweep(spec, store, gpus=[0, 1], progress=False)
     assert summary.count("done") == 8
     gpus = [(store.run_dir(rs.run_id) / "gpu.txt").read_text() for rs in spec.runs()]
     assert sorted(set(gpus)) == ["0", "1"]
+    threads = {(store.run_dir(rs.run_id) / "threads.txt").read_text() for rs in spec.runs()}
+    assert threads == {"8 8"}  # each of the 2 slots gets half the cores
     spans = sorted(json.loads((store.run_dir(rs.run_id) / "span.json").read_text()) for rs in spec.runs())
     overlap = max(sum(a <= t < b for a, b in spans) for t, _ in spans)
     assert overlap == 2  # never more workers than GPUs

@@ -63,6 +63,56 @@ def test_resources_grow_with_the_runs_flops() -> None:
     assert resources(1e17, SlurmSettings(gpus_per_run=0, mem_gb_per_run=16))["gpus"] == 0
 
 
+def test_time_limits_use_finished_runs_then_the_calibration_then_the_assumed_flops(fake_slurm: Path,
+                                                                                tmp_path: Path) -> None:
+    from loopscale import accounting
+    from loopscale.sweep.calibrate import shape_key
+    from loopscale.sweep.slurm import run_speeds
+
+    spec = spec_from_dict(tiny_spec())
+    store = prepare(spec, tmp_path / "sw")
+    s = SlurmSettings(gpus_per_run=1, flops_per_gpu=3e14)
+    runs = sorted(spec.runs(), key=lambda rs: accounting.train_flops_per_token(rs.config.model))
+    f = {rs.run_id: accounting.train_flops_per_token(rs.config.model) for rs in runs}
+    small, big = runs[0], runs[-1]
+    assert f[small.run_id] < f[big.run_id]
+    assert run_speeds(store, runs, s) == {}  # nothing measured: every run assumes flops_per_gpu
+
+    # a calibration cached by `sweep plan` on two GPU machines: the slower one counts; exact shapes only
+    key = shape_key(small.config, "cuda")
+    (store.root / "calibration.json").write_text(json.dumps({
+        "NVIDIA H100 80GB HBM3|16 cores": {key: {"flops_per_s": 2e12}},
+        "NVIDIA A100-SXM4-80GB|16 cores": {key: {"flops_per_s": 1e12}},
+        "some CPU|2 cores": {shape_key(big.config, "cpu"): {"flops_per_s": 1e10}}}))
+    same_shape = {rs.run_id for rs in runs if shape_key(rs.config, "cuda") == key}
+    assert run_speeds(store, runs, s) == {rid: (1e12, "calibration") for rid in same_shape}
+
+    def finish(rs, fps: float, device: str = "cuda:0", world: int = 1) -> None:
+        (store.run_dir(rs.run_id) / "result.json").write_text(json.dumps({
+            "status": "ok", "flops_per_token": f[rs.run_id], "flops": 1e13, "wall_s": 1e13 / fps / world,
+            "world_size": world, "hardware": {"device": device}}))
+
+    finish(small, 4e9, world=2)  # 4e9 FLOP/s per GPU on 2 GPUs
+    finish(runs[1], 1e15, device="cpu")  # another device type: ignored for GPU runs
+    speeds = run_speeds(store, runs, s)
+    assert speeds == {rs.run_id: (4e9, "finished") for rs in runs}  # the nearest smaller shape: the small one
+    finish(big, 8e9)
+    speeds = run_speeds(store, runs, s)
+    assert speeds[big.run_id] == (8e9, "finished") and speeds[small.run_id] == (4e9, "finished")
+    assert all(speeds[rs.run_id][0] == (8e9 if f[rs.run_id] >= f[big.run_id] else 4e9) for rs in runs)
+    assert run_speeds(store, runs, SlurmSettings(gpus_per_run=0))[big.run_id] == (1e15, "finished")
+
+    assumed, measured = resources(3e13, s), resources(3e13, s, 4e9)
+    assert assumed["time_min"] == 15 and measured["est_min"] == pytest.approx(125)
+    assert measured["time_min"] == 240  # 125 min x 1.5 + 10 -> the next rung
+    assert resources(3e13, s, 8e9)["time_min"] == 120
+
+    submit(store, runs, {rs.run_id: 3e13 for rs in runs}, s, max_retries=0)
+    times = sorted(_sbatch_flags(p.read_text())["time"] for p in fake_slurm.glob("sbatch_*.sh"))
+    left = [rs for rs in runs if rs not in (small, runs[1], big)]  # the finished runs are not submitted
+    assert times == sorted({"240" if speeds[rs.run_id][0] == 4e9 else "120" for rs in left})
+
+
 def test_fake_sbatch_gets_one_throttled_array_per_resource_group_and_only_unfinished_runs_are_resubmitted(
         fake_slurm: Path, tmp_path: Path) -> None:
     from loopscale.cli import run_app

@@ -173,6 +173,60 @@ def test_run_interrupted_is_raised_in_process_on_sigterm(tmp_path: Path) -> None
     assert torch.load(tmp_path / "run" / "ckpt.pt", weights_only=False)["step"] == 7
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR2], ids=["SIGTERM", "SIGUSR2"])
+def test_a_signal_in_the_final_evaluation_stops_and_the_rerun_only_evaluates(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: int) -> None:
+    from loopscale.model import LoopedLM
+
+    cfg = cfg_with("run.ckpt_every=0", "run.micro_batch=4", steps=12)  # 64 validation rows: 16 batches
+    straight = train(cfg, tmp_path / "straight", progress=False)
+    forward, batches, evals = LoopedLM.forward, TokenData.batch, {"n": 0}
+
+    def signalled(self, idx, targets=None, **kw):
+        if kw.get("reduction") == "none":  # a validation batch
+            evals["n"] += 1
+            if evals["n"] == 3:
+                os.kill(os.getpid(), signum)  # preempted in the middle of the final evaluation
+        return forward(self, idx, targets, **kw)
+
+    monkeypatch.setattr(LoopedLM, "forward", signalled)
+    with pytest.raises(RunInterrupted, match="during the final evaluation") as info:
+        train(cfg, tmp_path / "run", progress=False)
+    assert info.value.exit_code == 128 + signum and evals["n"] == 3
+    assert torch.load(tmp_path / "run" / "ckpt.pt", weights_only=False)["step"] == 12
+    assert read_result(tmp_path / "run") is None
+
+    def no_training(self, *a, **kw):
+        raise AssertionError("a resumed run with every step done must not train")
+
+    monkeypatch.setattr(LoopedLM, "forward", forward)
+    monkeypatch.setattr(TokenData, "batch", no_training)
+    resumed = train(cfg, tmp_path / "run", progress=False)
+    monkeypatch.setattr(TokenData, "batch", batches)
+    assert resumed["val_loss"] == straight["val_loss"] and resumed["val_loss_se"] == straight["val_loss_se"]
+    assert resumed["train_loss"] == straight["train_loss"] and resumed["steps"] == 12
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [5, 10, 12, 12] and lines[-1]["final"]
+    assert not (tmp_path / "run" / "ckpt.pt").exists()  # removed once finished (keep_checkpoint = false)
+
+
+def test_the_last_step_is_checkpointed_before_the_final_evaluation(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from loopscale.train import loop
+
+    seen: list[int | None] = []
+    stats = loop.val_loss_stats
+
+    def spy(*a, **kw):
+        state = torch.load(tmp_path / "run" / "ckpt.pt", weights_only=False)
+        seen.append(state["step"])
+        return stats(*a, **kw)
+
+    monkeypatch.setattr(loop, "val_loss_stats", spy)
+    res = train(cfg_with("run.ckpt_every=0", "run.keep_checkpoint=true", steps=8), tmp_path / "run", progress=False)
+    assert seen == [8] and res["status"] == "ok"
+
+
 @pytest.mark.parametrize(
     ("sets", "match"),
     [

@@ -146,7 +146,8 @@ def run(
     executor: str = typer.Option("local", "--executor", "-e", help="local or slurm."),
     max_retries: int | None = typer.Option(None, "--max-retries", help="Retries of a failed run (default: spec)."),
     isolate: bool = typer.Option(False, "--isolate", help="Each run in its own subprocess (or [local] isolate)."),
-    gpus: str | None = typer.Option(None, "--gpus", help="GPU ids for local slots, e.g. 0,1,2,3 (default: all)."),
+    gpus: str | None = typer.Option(None, "--gpus", help="GPU ids for local slots, e.g. 0,1,2,3 (default: all); "
+                                    "positions in CUDA_VISIBLE_DEVICES when it is set."),
     nproc_per_run: int | None = typer.Option(None, "--nproc-per-run", help="torchrun processes (GPUs) per run."),
     variant: list[str] = typer.Option([], "--variant", "-v", help="Only these variants (r = 1 runs included)."),
     set_: list[str] = typer.Option([], "--set", help="Dotted override of the spec."),

@@ -56,6 +56,41 @@ class Rotary(nn.Module):
 KV = tuple[torch.Tensor, torch.Tensor]
 
 
+class KVSlot:
+    """The keys and values of one block application while decoding, in buffers that double when full.
+
+    Appending T tokens copies only those tokens (torch.cat would copy the whole prefix for every new
+    token: quadratic in the length), so decoding is O(1) amortised per token outside attention itself.
+    Keys are kept in the values' dtype, the model's compute dtype (bf16 under autocast, where the
+    parameter-free QK-norm may return fp32): attention reads them in that dtype anyway.
+    """
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.length = 0
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> KV:
+        """Store k, v [B, H, T, hd] after what is cached; returns views of everything cached so far."""
+        n, T = self.length, k.size(2)
+        if self.k is None or self.v is None or n + T > self.k.size(2):
+            cap = max(n + T, 2 * (0 if self.k is None else self.k.size(2)))
+            B, H, _, hd = v.shape
+            k_buf, v_buf = v.new_empty(B, H, cap, hd), v.new_empty(B, H, cap, hd)
+            if self.k is not None and self.v is not None and n:
+                k_buf[:, :, :n] = self.k[:, :, :n]
+                v_buf[:, :, :n] = self.v[:, :, :n]
+            self.k, self.v = k_buf, v_buf
+        self.k[:, :, n : n + T] = k
+        self.v[:, :, n : n + T] = v
+        self.length = n + T
+        return self.k[:, :, : n + T], self.v[:, :, : n + T]
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.k is None else self.k.size(2)
+
+
 class Attention(nn.Module):
     """Causal self-attention through SDPA; q/k get RoPE, then a parameter-free RMSNorm (QK-norm)."""
 
@@ -70,21 +105,20 @@ class Attention(nn.Module):
         self.v = nn.Linear(d_model, d_model, bias=False)
         self.out = nn.Linear(d_model, d_model, bias=False)
 
-    def forward(self, x: torch.Tensor, kv: KV | None = None) -> tuple[torch.Tensor, KV]:
+    def forward(self, x: torch.Tensor, cache: KVSlot | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         # One GEMM for q, k, v (the weights stay separate matrices, as the optimiser sees them).
         w = torch.cat((self.q.weight, self.k.weight, self.v.weight))
         qkv = F.linear(x, w).view(B, T, 3, self.n_head, self.head_dim)
         qk = qkv[:, :, :2].permute(2, 0, 3, 1, 4)  # [2, B, H, T, hd]
         v = qkv[:, :, 2].transpose(1, 2)
-        past = 0 if kv is None else kv[0].size(2)
+        past = 0 if cache is None else cache.length
         # RoPE, then QK-norm, as the paper's code orders them (with its bf16-rounded table the rotation is
         # not exactly norm-preserving, so the order matters at the last bit); q and k share both calls.
         qk = F.rms_norm(self.rotary(qk, past), (self.head_dim,), eps=self.eps)
         q, k = qk[0], qk[1]
-        if kv is not None:
-            k = torch.cat((kv[0], k), dim=2)
-            v = torch.cat((kv[1], v), dim=2)
+        if cache is not None:
+            k, v = cache.append(k, v)
         if past == 0:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         elif T == 1:
@@ -93,7 +127,7 @@ class Attention(nn.Module):
             mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         y = y.transpose(1, 2).reshape(B, T, -1)
-        return self.out(y), (k, v)
+        return self.out(y)
 
 
 class MLP(nn.Module):
@@ -118,10 +152,9 @@ class Block(nn.Module):
         self.norm2 = RMSNorm(d_model, eps)
         self.mlp = MLP(d_model, mlp_ratio)
 
-    def forward(self, x: torch.Tensor, kv: KV | None = None) -> tuple[torch.Tensor, KV]:
-        a, kv_new = self.attn(self.norm1(x), kv)
-        x = x + a
-        return x + self.mlp(self.norm2(x)), kv_new
+    def forward(self, x: torch.Tensor, cache: KVSlot | None = None) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), cache)
+        return x + self.mlp(self.norm2(x))
 
     @torch.no_grad()
     def init_paper(self) -> None:

@@ -23,33 +23,32 @@ from torch import nn
 from loopscale.config import ModelConfig
 from loopscale.errors import ConfigError
 from loopscale.model.injection import HyperConnect, make_injection
-from loopscale.model.layers import KV, Block, RMSNorm, Rotary
+from loopscale.model.layers import Block, KVSlot, RMSNorm, Rotary
 
 
 class KVCache:
     """Per-application key/value cache: one slot for every block *application*, so a shared block
-    used at recurrence i has its own entries for each i (the keys differ between recurrences)."""
+    used at recurrence i has its own entries for each i (the keys differ between recurrences).
+    Each slot preallocates and doubles (``KVSlot``): decoding appends without copying the prefix."""
 
     def __init__(self) -> None:
-        self.slots: list[KV | None] = []
+        self.slots: list[KVSlot] = []
         self._cursor = 0
 
     def begin(self) -> None:
         self._cursor = 0
 
-    def take(self) -> KV | None:
+    def take(self) -> KVSlot:
+        """The next application's slot (created on the first forward)."""
         if self._cursor >= len(self.slots):
-            self.slots.append(None)
-        return self.slots[self._cursor]
-
-    def put(self, kv: KV) -> None:
-        self.slots[self._cursor] = kv
+            self.slots.append(KVSlot())
+        slot = self.slots[self._cursor]
         self._cursor += 1
+        return slot
 
     @property
     def length(self) -> int:
-        first = self.slots[0] if self.slots else None
-        return 0 if first is None else first[0].size(2)
+        return self.slots[0].length if self.slots else 0
 
 
 class LoopedLM(nn.Module):
@@ -95,9 +94,7 @@ class LoopedLM(nn.Module):
     # ---- forward ---------------------------------------------------------------------------
     def _stack(self, blocks: nn.ModuleList, x: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
         for b in blocks:
-            x, kv = b(x, cache.take() if cache is not None else None)
-            if cache is not None:
-                cache.put(kv)
+            x = b(x, cache.take() if cache is not None else None)
         return x
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, r: int | None = None,

@@ -204,6 +204,13 @@ class Calibration:
             return None
         return Timing(f * cfg.model.seq_len / fps, 0.0, fps, False)
 
+    def measured_flops_per_s(self, key: str) -> float | None:
+        """The FLOP/s measured for the shape ``key`` (``shape_key``) on any cached machine, the slowest; no
+        measuring and no extrapolation (a login node sizing SLURM jobs for GPU nodes it cannot time)."""
+        found = [float(entries[key]["flops_per_s"]) for entries in self._all.values()
+                 if isinstance(entries, dict) and "flops_per_s" in entries.get(key, {})]
+        return min(found) if found else None
+
     def _save(self) -> None:
         if self.path is None:
             return

@@ -5,7 +5,8 @@
 * ``isolate``: each run in its own ``python -m loopscale sweep run-one DIR RUN_ID`` subprocess
   (a crash or leak cannot touch the sweep process; its output goes to ``runs/<id>/worker.log``);
 * several GPUs: one subprocess per GPU (``CUDA_VISIBLE_DEVICES``), or with ``nproc_per_run = k``
-  one ``torchrun --nproc-per-node k`` per group of k GPUs (DDP inside the run).
+  one ``torchrun --nproc-per-node k`` per group of k GPUs (DDP inside the run); each worker gets its
+  slot's share of the cores (``slot_threads``).
 
 Failed runs with retries left go to the back of the queue. SIGTERM/SIGINT stop the sweep: the
 running runs checkpoint (the trainer's signal path) and a rerun resumes them.
@@ -37,7 +38,8 @@ class LocalSettings(StrictModel):
     """The spec's ``[local]`` table (the CLI flags override it)."""
 
     isolate: bool = Field(False, description="each run in its own subprocess")
-    gpus: list[int] | None = Field(None, description="GPU ids for parallel slots (default: all visible)")
+    gpus: list[int] | None = Field(None, description="GPU ids for parallel slots, positions in CUDA_VISIBLE_DEVICES "
+                                   "when it is set (default: all visible)")
     nproc_per_run: int = Field(1, gt=0, description="torchrun processes (GPUs) per run")
 
 
@@ -53,19 +55,59 @@ class Summary:
         return len(self.outcomes.get(outcome, []))
 
 
-def gpu_slots(gpus: list[int] | None, nproc_per_run: int) -> list[dict[str, str]]:
-    """Environment of each parallel slot: CUDA_VISIBLE_DEVICES groups of ``nproc_per_run`` GPUs."""
-    if gpus is None:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if visible is not None and visible.strip():
-            gpus = [int(x) for x in visible.split(",") if x.strip().lstrip("-").isdigit()]
-        else:
-            import torch
+def visible_devices(text: str) -> list[str]:
+    """The entries of a ``CUDA_VISIBLE_DEVICES`` value, as CUDA reads it: indices or ``GPU-``/``MIG-`` UUIDs,
+    up to the first invalid entry (CUDA ignores it and everything after it, so "-1" hides every GPU)."""
+    out = []
+    for item in (x.strip() for x in text.split(",")):
+        if not (item.isdigit() or item.startswith(("GPU-", "MIG-"))):
+            break
+        out.append(item)
+    return out
 
-            gpus = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+
+def gpu_slots(gpus: list[int] | None, nproc_per_run: int) -> list[dict[str, str]]:
+    """Environment of each parallel slot: CUDA_VISIBLE_DEVICES groups of ``nproc_per_run`` GPUs.
+
+    Under a parent ``CUDA_VISIBLE_DEVICES`` (a SLURM allocation, a shared node) ``gpus`` are positions in
+    that list, as torch's ``cuda:N`` are, so a slot never reaches a GPU the parent cannot see; its entries,
+    UUIDs included, are passed on unchanged. Without it, ``gpus`` are the physical ids.
+    """
+    parent = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if parent is not None:
+        visible = visible_devices(parent)
+        if gpus is None:
+            devices = visible
+        else:
+            bad = [g for g in gpus if not 0 <= g < len(visible)]
+            if bad:
+                from loopscale.errors import ConfigError
+
+                raise ConfigError("--gpus", f"ids are positions in CUDA_VISIBLE_DEVICES={parent} ({len(visible)} "
+                                  f"visible GPU(s)); {bad[0]} is not one", value=",".join(map(str, gpus)))
+            devices = [visible[g] for g in gpus]
+    elif gpus is not None:
+        devices = [str(g) for g in gpus]
+    else:
+        import torch
+
+        devices = [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
     k = max(1, nproc_per_run)
-    groups = [gpus[i : i + k] for i in range(0, len(gpus) - k + 1, k)]
-    return [{"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in grp)} for grp in groups]
+    groups = [devices[i : i + k] for i in range(0, len(devices) - k + 1, k)]
+    return [{"CUDA_VISIBLE_DEVICES": ",".join(grp)} for grp in groups]
+
+
+def slot_threads(n_slots: int, nproc_per_run: int) -> dict[str, str]:
+    """The thread settings of each of ``n_slots`` workers: the slot's share of this machine's cores.
+
+    Every worker would otherwise take all the cores (8 slots on 8 GPUs: 8x oversubscribed). The trainer reads
+    ``LOOPSCALE_SLOT_CORES`` (``hardware.setup_threads``; an explicit ``run.threads`` still wins) and divides
+    it among a torchrun's ranks; ``OMP_NUM_THREADS`` sizes each process's other OpenMP pools the same way.
+    """
+    from loopscale.train.hardware import SLOT_CORES_ENV, available_cores
+
+    cores = max(1, available_cores() // max(1, n_slots))
+    return {SLOT_CORES_ENV: str(cores), "OMP_NUM_THREADS": str(max(1, cores // max(1, nproc_per_run)))}
 
 
 def _message(store: SweepStore, run_id: str, outcome: str) -> str:
@@ -120,6 +162,8 @@ def run_local(store: SweepStore, runs: list[RunSpec], flops: dict[str, float], *
         slots = []  # the only GPU (or none): in this process
     if not slots and (isolate or nproc_per_run > 1):
         slots = [{}]  # a subprocess (torchrun on CPU with nproc_per_run > 1)
+    threads = slot_threads(len(slots), nproc_per_run)
+    slots = [{**threads, **env} for env in slots]
     summary = Summary()
     t0 = time.time()
     states = {rs.run_id: store.state(rs.run_id) for rs in runs}

@@ -9,21 +9,33 @@ Runs are grouped by (GPUs, time limit, memory, CPUs) — one ``sbatch --array`` 
 ``%array_parallelism`` throttling each.
 
 Resources from the run's size (``[slurm]`` table, see docs/sweep.md): the estimated time is the
-run's FLOPs over ``flops_per_gpu`` x GPUs; ``gpus_per_run = "auto"`` doubles the GPUs (up to
+run's FLOPs over (FLOP/s per GPU x GPUs); ``gpus_per_run = "auto"`` doubles the GPUs (up to
 ``max_gpus_per_run``) until that fits in ``target_hours``; the time limit is the estimate x
 ``time_margin`` plus 10 minutes, rounded up to a ladder of limits and capped at ``max_time_min``
 (a longer run is requeued and resumes from its checkpoint).
 
+The FLOP/s per GPU (``run_speeds``) is measured where it can be, since small eager models reach far
+less than the assumed ``flops_per_gpu`` and would be requeued again and again:
+1. finished runs of this sweep (``result.json``: flops / wall_s / world_size, so the final evaluation
+   and start-up count too) on the run's device type, those of the largest FLOPs per token not above
+   the run's own (the same shape, else the nearest smaller one: smaller models run slower per FLOP,
+   so the limit errs long), the slowest of them;
+2. else ``SWEEP_DIR/calibration.json`` (``sweep plan``'s timing, e.g. run on a GPU node) for exactly
+   this shape on the run's device type, the slowest machine cached;
+3. else the assumed ``flops_per_gpu``.
+
 Preemption and time limits: submitit asks SLURM for ``USR2`` ``signal_delay_s`` seconds before the
-limit. The task turns USR2 into SIGTERM for itself at the next step, so the trainer finishes that
-step, saves ``ckpt.pt`` and raises RunInterrupted; the task then hands over to submitit's handler,
-which calls ``SweepTask.checkpoint`` (the same run again) and requeues the array task. A plain
+limit. The trainer takes USR2 like SIGTERM: it finishes the step (or, in the final evaluation, the
+batch), saves ``ckpt.pt`` (already there before the final evaluation) and raises RunInterrupted; the
+task then hands over to submitit's handler, which calls ``SweepTask.checkpoint`` (the same run again)
+and requeues the array task. A USR2 between runs is turned into a SIGTERM at the next step. A plain
 SIGTERM (``scancel``, preemption without USR2) also checkpoints; the next submission resumes it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import shutil
@@ -77,15 +89,19 @@ def settings_from_spec(table: dict[str, Any], source: str, **overrides: Any) -> 
     return validate(SlurmSettings, data, source=source, prefix="slurm")
 
 
-def resources(flops: float, s: SlurmSettings) -> dict[str, Any]:
-    """GPUs, time limit (minutes), memory and CPUs of one run from its planned FLOPs."""
+def resources(flops: float, s: SlurmSettings, flops_per_s: float | None = None) -> dict[str, Any]:
+    """GPUs, time limit (minutes), memory and CPUs of one run from its planned FLOPs.
+
+    ``flops_per_s``: the run's measured FLOP/s per GPU (``run_speeds``), else ``s.flops_per_gpu`` is assumed.
+    """
+    fps = flops_per_s or s.flops_per_gpu
     if s.gpus_per_run == "auto":
         gpus = 1
-        while flops / (s.flops_per_gpu * gpus) > 3600 * s.target_hours and gpus * 2 <= s.max_gpus_per_run:
+        while flops / (fps * gpus) > 3600 * s.target_hours and gpus * 2 <= s.max_gpus_per_run:
             gpus *= 2
     else:
         gpus = int(s.gpus_per_run)
-    est_min = flops / (s.flops_per_gpu * max(gpus, 1)) / 60
+    est_min = flops / (fps * max(gpus, 1)) / 60
     want = est_min * s.time_margin + 10
     ladder = [t for t in TIME_LADDER_MIN if t >= s.min_time_min] or [s.min_time_min]
     time_min = next((t for t in ladder if t >= want), ladder[-1])
@@ -94,6 +110,42 @@ def resources(flops: float, s: SlurmSettings) -> dict[str, Any]:
     cpus = s.cpus_per_gpu if gpus else s.cpus_per_run
     return {"gpus": gpus, "time_min": int(time_min), "mem_gb": float(mem), "cpus_per_task": int(cpus),
             "est_min": est_min}
+
+
+def run_speeds(store: SweepStore, runs: list[RunSpec], s: SlurmSettings) -> dict[str, tuple[float, str]]:
+    """Each run's FLOP/s per GPU for its time limit, and where it comes from ("finished" or "calibration").
+
+    Runs with neither are left out: they get the assumed ``flops_per_gpu``. The rule is the module docstring's.
+    """
+    from loopscale import accounting
+    from loopscale.sweep.calibrate import Calibration, shape_key
+
+    finished: list[tuple[str, float, float]] = []  # (device type, FLOPs per token, FLOP/s per GPU)
+    for path in sorted(store.runs_dir.glob("*/result.json")) if store.runs_dir.is_dir() else []:
+        try:
+            res = json.loads(path.read_text(encoding="utf-8"))
+            fpt, fps = float(res["flops_per_token"]), float(res["flops"]) / float(res["wall_s"])
+            fps /= max(1, int(res.get("world_size") or 1))
+            device = str((res.get("hardware") or {}).get("device", "cpu")).split(":")[0]
+        except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+            continue
+        if res.get("status") == "ok" and fps > 0 and math.isfinite(fps):
+            finished.append((device, fpt, fps))
+    cal = Calibration(store.root / "calibration.json")
+    out: dict[str, tuple[float, str]] = {}
+    for rs in runs:
+        cfg = rs.config
+        device = "cpu" if s.gpus_per_run == 0 or cfg.run.device == "cpu" else "cuda"
+        f = accounting.train_flops_per_token(cfg.model)
+        below = [(fpt, fps) for dev, fpt, fps in finished if dev == device and fpt <= f * (1 + 1e-9)]
+        if below:
+            nearest = max(fpt for fpt, _ in below)
+            out[rs.run_id] = (min(fps for fpt, fps in below if fpt == nearest), "finished")
+            continue
+        measured = cal.measured_flops_per_s(shape_key(cfg, device))
+        if measured is not None:
+            out[rs.run_id] = (measured, "calibration")
+    return out
 
 
 class SweepTask(submitit.helpers.Checkpointable):
@@ -141,8 +193,9 @@ class SweepTask(submitit.helpers.Checkpointable):
                                       executor="slurm", job_id=str(env.job_id))
                 if outcome != "retry":
                     return outcome
-        except RunInterrupted:
-            if caught["sig"] is not None and callable(requeue) and env.global_rank == 0:
+        except RunInterrupted as exc:
+            warned = caught["sig"] is not None or exc.signum == usr  # the trainer takes USR2 itself
+            if warned and callable(requeue) and env.global_rank == 0:
                 requeue(usr, None)  # calls self.checkpoint(run_id), requeues this task, exits
             raise
         finally:
@@ -228,8 +281,15 @@ def submit(store: SweepStore, runs: list[RunSpec], flops: dict[str, float], s: S
         todo.append(rs)
     groups: dict[tuple, list[RunSpec]] = {}
     res_of: dict[str, dict[str, Any]] = {}
+    speeds = run_speeds(store, todo, s)
+    if log and todo:
+        sources = [speeds[rs.run_id][1] if rs.run_id in speeds else "assumed" for rs in todo]
+        counts = ", ".join(f"{sources.count(k)} {k}" for k in ("finished", "calibration", "assumed")
+                           if sources.count(k))
+        log(f"time limits from FLOP/s per GPU measured by finished runs / the calibration, else assumed "
+            f"({s.flops_per_gpu:.3g}): {counts}")
     for rs in todo:
-        res = resources(flops[rs.run_id], s)
+        res = resources(flops[rs.run_id], s, speeds.get(rs.run_id, (None, ""))[0])
         res_of[rs.run_id] = res
         key = (res["gpus"], res["time_min"], res["mem_gb"], res["cpus_per_task"])
         groups.setdefault(key, []).append(rs)

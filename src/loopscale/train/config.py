@@ -29,12 +29,14 @@ class RunConfig(StrictModel):
     val_tokens: int = Field(131072, gt=0, description="held-out tokens for the validation loss")
     eval_every: int = Field(0, ge=0, description="validation every N steps (0: only at the end)")
     log_every: int = Field(10, gt=0)
-    ckpt_every: int = Field(100, ge=0, description="checkpoint every N steps (0: only on a signal)")
+    ckpt_every: int = Field(100, ge=0, description="checkpoint every N steps (0: only on a signal); "
+                            "always one before the final evaluation")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="autocast dtype; auto = bfloat16 on CUDA, float32 on CPU")
     compile: bool = Field(False, description="torch.compile each block (CPU ~1.5x at tiny widths)")
-    threads: int | None = Field(None, gt=0, description="torch threads (default: available cores / ranks)")
+    threads: int | None = Field(None, gt=0, description="torch threads (default: available cores, or a "
+                                 "local sweep slot's share of them, / ranks)")
     keep_checkpoint: bool = Field(False, description="keep ckpt.pt after a finished run")
     track: Literal["none", "wandb", "tensorboard"] = "none"
     fail_at_step: int | None = Field(None, ge=0, description="testing: raise at this step")

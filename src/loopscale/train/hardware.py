@@ -11,9 +11,20 @@ from typing import Any
 
 import torch
 
-# Dense bf16 peak FLOP/s by device-name substring (vendor data sheets, without sparsity).
-PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12,
-             "L4": 121e12, "4090": 165e12, "V100": 125e12}
+# Dense bf16 tensor-core peak FLOP/s by device name, as torch reports it (``torch.cuda.get_device_name``),
+# most specific first: the first listed substring found in the name wins. NVIDIA's data sheets list bf16
+# "with sparsity"; these are half of that (dense). H100 data sheet: SXM 1,979 -> 989 (torch: "NVIDIA H100
+# 80GB HBM3"), NVL 1,671 -> 835 per GPU ("NVIDIA H100 NVL"); H100 PCIe product brief (PB-11133): 1,513 ->
+# 756 ("NVIDIA H100 PCIe"); H200 data sheet: SXM 1,979 -> 989, NVL 1,671 -> 835. A100 (SXM and PCIe) 312,
+# L40S 362, L40 181, A10G 125, L4 121, RTX 4090 165, V100 125 (fp16: it has no bf16 units).
+PEAK_BF16: tuple[tuple[str, float], ...] = (
+    ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H200 NVL", 835e12), ("H100", 989e12), ("H200", 989e12),
+    ("A100", 312e12), ("L40S", 362e12), ("L40", 181e12), ("A10G", 125e12), ("L4", 121e12), ("4090", 165e12),
+    ("V100", 125e12),
+)
+
+# A sweep's local slot tells its worker how many cores it may use (the slot's share of the machine).
+SLOT_CORES_ENV = "LOOPSCALE_SLOT_CORES"
 
 
 @dataclass
@@ -53,10 +64,21 @@ def setup_dist(device_pref: str) -> tuple[Dist, torch.device]:
 
 
 def setup_threads(threads: int | None, dist: Dist) -> int:
+    """Set torch's intra-op threads: ``threads`` (``run.threads``) when given, else this process's share.
+
+    The share is the cores this process may use over the processes on this node: all available cores, or a
+    local sweep slot's part of them (``LOOPSCALE_SLOT_CORES``, so 8 slots on 8 GPUs do not each take every
+    core), divided among the node's ranks (``LOCAL_WORLD_SIZE``).
+    """
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(dist.world)))
-    n = threads or max(1, available_cores() // max(1, local_world))
+    n = threads or max(1, _cores_for_this_slot() // max(1, local_world))
     torch.set_num_threads(n)
     return n
+
+
+def _cores_for_this_slot() -> int:
+    text = os.environ.get(SLOT_CORES_ENV, "").strip()
+    return int(text) if text.isdigit() and int(text) > 0 else available_cores()
 
 
 def autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
@@ -70,15 +92,20 @@ def resolved_dtype(device: torch.device, dtype: str) -> str:
     return dtype if dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
 
 
+def peak_bf16(name: str) -> float | None:
+    """Dense bf16 peak FLOP/s of the GPU called ``name`` (as torch reports it), or None if not listed."""
+    low = name.lower()
+    return next((peak for key, peak in PEAK_BF16 if key.lower() in low), None)
+
+
 def peak_flops(device: torch.device, dtype: str) -> float | None:
     """Peak FLOP/s per device for MFU, or None where it is unknown (CPU, unlisted GPUs)."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    for key, peak in PEAK_BF16.items():
-        if key in name:
-            return peak if resolved_dtype(device, dtype) == "bfloat16" else peak / 2
-    return None
+    peak = peak_bf16(torch.cuda.get_device_name(device))
+    if peak is None:
+        return None
+    return peak if resolved_dtype(device, dtype) == "bfloat16" else peak / 2
 
 
 def hardware_info(device: torch.device) -> dict[str, Any]:

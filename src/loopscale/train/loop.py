@@ -17,6 +17,7 @@ import math
 import signal
 import time
 import traceback
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -50,9 +51,10 @@ METRICS = "metrics.jsonl"
 class RunInterrupted(LoopscaleError):
     """SIGTERM/SIGINT: a checkpoint was saved; rerunning the same command resumes."""
 
-    def __init__(self, message: str, signum: int = signal.SIGTERM) -> None:
+    def __init__(self, message: str, signum: int | None = signal.SIGTERM) -> None:
         super().__init__(message)
-        self.exit_code = 128 + int(signum)
+        self.signum = int(signal.SIGTERM if signum is None else signum)
+        self.exit_code = 128 + self.signum
 
 
 class TrainingFailed(LoopscaleError):
@@ -60,7 +62,10 @@ class TrainingFailed(LoopscaleError):
 
 
 class _Signals:
-    """Turn SIGTERM/SIGINT into a flag checked between steps (SLURM preemption sends SIGTERM)."""
+    """Turn SIGTERM/SIGINT/SIGUSR2 into a flag checked between steps and between final-evaluation batches.
+
+    SLURM preemption sends SIGTERM; ``--signal=USR2@T`` (submitit's default) warns before the time limit.
+    """
 
     def __init__(self) -> None:
         self.caught: int | None = None
@@ -70,8 +75,9 @@ class _Signals:
         import threading
 
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._old[sig] = signal.signal(sig, self._handle)
+            for sig in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR2", None)):
+                if sig is not None:
+                    self._old[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
@@ -118,20 +124,32 @@ def evaluate_loss(model: torch.nn.Module, rows: torch.Tensor, *, micro_batch: in
                           dist_world=dist_world, rank=rank)[0]
 
 
+class _EvalStopped(Exception):
+    """``stop()`` said yes between validation batches (on any rank)."""
+
+
 @torch.no_grad()
 def val_loss_stats(model: torch.nn.Module, rows: torch.Tensor, *, micro_batch: int, device: torch.device,
-                   dtype: str, dist_world: int = 1, rank: int = 0) -> tuple[float, float]:
+                   dtype: str, dist_world: int = 1, rank: int = 0,
+                   stop: Callable[[], bool] | None = None) -> tuple[float, float]:
     """(mean loss, its standard error over rows): the validation estimate's own sampling noise.
 
     Every run of a sweep is scored on the same rows, so this noise is shared by all runs (it shifts
     them together); it bounds how finely one run's loss is known, not the difference between runs.
+    ``stop`` is asked before every batch (the ranks agree); a yes raises ``_EvalStopped``.
     """
     was_training = model.training
     model.eval()
     total = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, tokens, sum and sum^2 of row means
     mine = rows[rank::dist_world]
-    for i in range(0, mine.size(0), micro_batch):
+    shard = -(-rows.size(0) // dist_world)  # the largest rank's rows: every rank asks ``stop`` as often
+    for i in range(0, shard if stop is not None else mine.size(0), micro_batch):
+        if stop is not None and _any_rank(stop(), device, dist_world):
+            model.train(was_training)
+            raise _EvalStopped
         chunk = mine[i : i + micro_batch].to(device)
+        if chunk.size(0) == 0:
+            continue
         x, y = chunk[:, :-1], chunk[:, 1:]
         with autocast(device, dtype):
             loss = model(x, y, reduction="none").view(y.shape).double()
@@ -147,6 +165,14 @@ def val_loss_stats(model: torch.nn.Module, rows: torch.Tensor, *, micro_batch: i
         return mean, float("nan")
     var = max(0.0, float(total[3] - total[2] ** 2 / n_rows) / (n_rows - 1))
     return mean, math.sqrt(var / n_rows)
+
+
+def _any_rank(flag: bool, device: torch.device, world: int) -> bool:
+    if world == 1:
+        return flag
+    t = torch.tensor(float(flag), device=device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return bool(t.item())
 
 
 def result_fields(cfg: TrainConfig) -> dict[str, Any]:
@@ -224,7 +250,7 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
     tokens_per_step = cfg.tokens_per_step
     opt = build_optimizers(model.param_groups(), cfg.optim, d_model=cfg.model.width,
                            tokens_per_step=tokens_per_step, total_tokens=cfg.lr_tokens(), r=cfg.model.r)
-    start = 0
+    start, last_loss = 0, float("nan")
     state = ck.load_checkpoint(run_dir)
     if state is not None:
         model.load_state_dict(state["model"])
@@ -232,8 +258,9 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
         torch.set_rng_state(state["torch_rng"])
         start = int(state["step"])
         t_start -= float(state.get("extra", {}).get("wall_s", 0.0))  # wall_s counts every session
+        last_loss = float(state.get("extra", {}).get("train_loss", math.nan))  # when only the evaluation is left
         if dist.is_main:  # drop log lines written after the checkpoint (they will be redone)
-            kept = [r for r in read_jsonl(run_dir / METRICS) if r.get("step", -1) <= start]
+            kept = [r for r in read_jsonl(run_dir / METRICS) if r.get("step", -1) <= start and not r.get("final")]
             atomic_write_text(run_dir / METRICS, "".join(_jsonl(r) for r in kept))
     elif dist.is_main:
         (run_dir / METRICS).unlink(missing_ok=True)
@@ -252,9 +279,9 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
 
     bar = _progress_bar(progress and dist.is_main, total_steps, start, run_dir.name)
     tracker = make_tracker(run.track if dist.is_main else "none", run_dir, cfg.as_toml_dict())
-    status, last_loss, val_loss = "ok", float("nan"), float("nan")
+    status, val_loss, val_se = "ok", float("nan"), float("nan")
     t_log, tokens_since = time.time(), 0
-    with _Signals() as sig, bar:
+    with _Signals() as sig, bar:  # the signals also during the final evaluation
         model.train()
         for step in range(start, total_steps):
             if run.fail_at_step is not None and step == run.fail_at_step:
@@ -311,21 +338,31 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
             periodic = run.ckpt_every and done_steps % run.ckpt_every == 0 and done_steps < total_steps
             if (periodic or stop) and dist.is_main:
                 ck.save_checkpoint(run_dir, model=model, optimizers=opt, step=done_steps,
-                                   extra={"wall_s": time.time() - t_start})
+                                   extra={"wall_s": time.time() - t_start, "train_loss": last_loss})
             if stop:
                 if dist.world > 1:
                     torch.distributed.barrier()
                 raise RunInterrupted(f"{run_dir}: stopped by signal {sig.caught} at step {done_steps}/"
                                      f"{total_steps}; checkpoint saved, rerun to resume", sig.caught)
 
-    tracker.close()
-    measured = _measured_peak(device)
-    val_se = float("nan")
-    if status == "ok":
-        val_loss, val_se = val_loss_stats(model, val_rows, micro_batch=val_micro, device=device, dtype=dtype,
-                                          dist_world=dist.world, rank=dist.rank)
-        if not math.isfinite(val_loss):
-            status = "diverged"
+        tracker.close()
+        measured = _measured_peak(device)
+        if status == "ok":
+            # The final evaluation can take minutes (tens of millions of tokens): checkpoint first, so a
+            # preemption during it costs only the evaluation. A run resumed with every step done comes here.
+            if start < total_steps and dist.is_main:
+                ck.save_checkpoint(run_dir, model=model, optimizers=opt, step=total_steps,
+                                   extra={"wall_s": time.time() - t_start, "train_loss": last_loss})
+            try:
+                val_loss, val_se = val_loss_stats(model, val_rows, micro_batch=val_micro, device=device,
+                                                  dtype=dtype, dist_world=dist.world, rank=dist.rank,
+                                                  stop=lambda: sig.caught is not None)
+            except _EvalStopped:
+                raise RunInterrupted(f"{run_dir}: stopped by signal {sig.caught} during the final evaluation; "
+                                     f"checkpoint at step {total_steps}/{total_steps} saved, rerun to evaluate",
+                                     sig.caught) from None
+            if not math.isfinite(val_loss):
+                status = "diverged"
     steps_done = done_steps if total_steps > start else start
     tokens = steps_done * tokens_per_step
     wall = time.time() - t_start
