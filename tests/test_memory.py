@@ -281,7 +281,8 @@ def test_live_bytes_agree_with_the_profilers_memory_timeline() -> None:
 
 
 @pytest.mark.parametrize(("kw", "dtype"), [({"r": 2, "vocab_size": 1000}, "float32"), ({"r": 1, "d_model": 128,
-                                            "vocab_size": 64}, "float32"), ({"r": 2, "vocab_size": 1000}, "bfloat16")])
+                                            "vocab_size": 64}, "float32"), ({"r": 2, "vocab_size": 1000}, "bfloat16"),
+                                           ({"r": 4, "d_model": 128, "vocab_size": 64}, "float32")])
 def test_validation_peak_on_cpu(kw: dict, dtype: str) -> None:
     cfg = tiny(**kw)
     model, _, xs, external = _setup(cfg, 8, 1, dtype)

@@ -214,12 +214,14 @@ def eval_bytes(cfg: ModelConfig, rg: Regime) -> float:
     """Bytes per token at a no-grad forward's worst moment: the loss path, or a block's MLP."""
     d, m, a, v = cfg.width, cfg.mlp_ratio, rg.a, cfg.vocab_size
     loss = (4 * cfg.vocab_padded + 8 * v if a == 4 else 12 * v) + 4 * d  # logits, /softcap, tanh; last x
-    kv = 2 * (3 * a * d + 2 * rg.norm_out * d)  # this block's and the previous block's (k, v)
+    # a block's attention (q, k, v and their normed copies) or its MLP, whichever is larger: blocks return
+    # no (k, v) without a KV cache, so the attention's tensors are gone by the time the MLP runs
+    kv = 3 * a * d + 2 * rg.norm_out * d
     mlp = m * a * d + (8 * m * d if rg.cuda_autocast else m * a * d)  # ReLU and pow's fp32 copy and result
-    residuals = 4 * d * (4 + (3 if cfg.is_looped else 0))
+    residuals = 4 * d * (4 + (1 if cfg.is_looped else 0))  # x, its norm, the block input; the loop's e
     if cfg.is_looped and cfg.injection == "hyperconnect":
         residuals += 4 * d * (cfg.hc_lanes - 1)
-    return float(max(loss, kv + mlp + residuals))
+    return float(max(loss, max(kv, mlp) + residuals))
 
 
 # ---- parameters and optimiser state (bytes) -------------------------------------------------
