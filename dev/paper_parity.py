@@ -22,7 +22,7 @@ what the paper's code computes, never its code, to ``tests/fixtures/parity/``:
     git clone https://github.com/kschwethelm/looped-lm-scaling /tmp/paper    # any commit; record it
     python dev/paper_parity.py --paper /tmp/paper
 
-(CPU, about a minute; needs ``filelock`` besides loopscale's dependencies). The paper's fused optimiser
+(CPU, about 10 s; needs ``filelock`` besides loopscale's dependencies). The paper's fused optimiser
 steps are ``torch.compile``d; inductor fails on CPU with torch 2.13, so they run eagerly here
 (``TORCHDYNAMO_DISABLE=1``): the same arithmetic, op for op.
 """
