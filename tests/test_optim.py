@@ -431,6 +431,9 @@ def test_lr_schedule_picks_the_configured_shape():
     ({"schedule": "wsd", "warmup_frac": 0.5, "decay_frac": 0.6}, "decay_frac"),
     ({"grad_clip": 0.0}, "grad_clip"),
     ({"warmup_frac": 1.0}, "warmup_frac"),
+    ({"tokens_ref": "paper"}, "tokens_ref"),
+    ({"tokens_ref": -1.0}, "tokens_ref"),
+    ({"orthogonalizer": "ns7"}, "orthogonalizer"),
 ])
 def test_bad_configs_raise_one_line_config_errors_naming_the_field(data, field):
     with pytest.raises(ConfigError) as err:

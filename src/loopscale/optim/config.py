@@ -6,7 +6,7 @@ build it with ``loopscale.config.validate(OptimConfig, data)`` to get one-line e
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -71,6 +71,15 @@ class OptimConfig(StrictModel):
     decay_frac: float = Field(0.2, gt=0, le=1, description="WSD: fraction of steps in the final decay")
     # ---- clipping --------------------------------------------------------------------------------
     grad_clip: float | None = Field(None, gt=0, description="max global gradient norm; None = off")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tokens_ref(cls, data: Any) -> Any:
+        """One readable error for both halves of the union (a number or the word 'matched')."""
+        v = data.get("tokens_ref") if isinstance(data, dict) else None
+        if isinstance(v, str) and v != "matched":
+            raise ConfigError("tokens_ref", "expected 'matched' or a positive token count", value=v)
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> OptimConfig:
