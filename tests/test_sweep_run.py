@@ -263,3 +263,13 @@ def test_gpu_slots_run_one_worker_per_gpu_at_a_time(tmp_path: Path, monkeypatch:
     spans = sorted(json.loads((store.run_dir(rs.run_id) / "span.json").read_text()) for rs in spec.runs())
     overlap = max(sum(a <= t < b for a, b in spans) for t, _ in spans)
     assert overlap == 2  # never more workers than GPUs
+
+
+def test_the_paper_preset_without_data_is_refused_before_any_run_starts(tmp_path: Path, capsys) -> None:
+    from loopscale.cli import run_app
+
+    out = tmp_path / "paper"
+    assert run_app(["sweep", "run", "paper", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "data.allow_default = false" in err and "\n" not in err.strip()
+    assert not out.exists()  # nothing prepared, nothing launched

@@ -160,11 +160,14 @@ def run(
     """Run (or resume) the sweep: finished runs are skipped, interrupted ones resume, failed ones are retried."""
     from loopscale.errors import ConfigError
     from loopscale.sweep import load_spec, prepare, run_sweep
+    from loopscale.train.batches import check_allowed
 
     spec = load_spec(spec_arg, set_)
+    runs = spec.runs(variant or None)
+    for rs in runs:  # refused data (the paper preset without data) fails here, before any job starts
+        check_allowed(rs.config.data)
     store = prepare(spec, _store_for(spec_arg, out, spec))
     retries = spec.max_retries if max_retries is None else max_retries
-    runs = spec.runs(variant or None)
     if retry_failed:
         for rs in runs:
             st = store.state(rs.run_id)
