@@ -119,7 +119,8 @@ def build_optimizers(param_groups: dict[str, list[torch.nn.Parameter]], cfg: Opt
         if groups["matrix"]:
             muon = MuonH([{"params": groups["matrix"], "name": "matrix", "base_lr": lrs["matrix"]}],
                          lr=lrs["matrix"], momentum=cfg.momentum, nesterov=cfg.nesterov,
-                         ns_steps=cfg.ns_steps, ns_dtype=cfg.ns_dtype, orthogonalizer=cfg.orthogonalizer)
+                         ns_steps=cfg.ns_steps, ns_dtype=cfg.ns_dtype, orthogonalizer=cfg.orthogonalizer,
+                         shard=cfg.ns_shard)
             optimizers.append(muon)
     adamw_groups = [group(n) for n in adamw_names if groups[n]]
     if adamw_groups:

@@ -57,6 +57,8 @@ class OptimConfig(StrictModel):
     ns_dtype: Literal["auto", "bfloat16", "float32"] = Field(
         "auto", description="orthogonalisation precision; 'auto' = bfloat16 on CUDA (the paper's), "
         "float32 elsewhere (the paper's code uses bfloat16 on every device)")
+    ns_shard: bool = Field(True, description="under DDP each rank orthogonalises 1/world of the matrices and "
+                           "all-gathers the rest (the paper's DistMuonAdamW); false: every rank does all of them")
     # ---- transfer rules --------------------------------------------------------------------------
     transfer: bool = Field(True, description="apply the paper's width / batch / data transfer rules")
     d_ref: int = Field(D_REF, gt=0)

@@ -78,6 +78,45 @@ def newton_schulz5(G: torch.Tensor, steps: int = 5, dtype: torch.dtype | None = 
     return orthogonalize(G, steps, dtype, "ns5").to(G.dtype)
 
 
+def _dist_world() -> tuple[int, int]:
+    """(world size, rank) of the default process group, or (1, 0) when none is initialised."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+def sharded_orthogonalize(U: torch.Tensor, steps: int, dtype: torch.dtype, method: str) -> torch.Tensor:
+    """``orthogonalize`` of a stack of matrices split across the ranks of the default process group.
+
+    Under DDP the gradients (and so the momentum and ``U``) are identical on every rank, so computing every
+    orthogonalisation on every rank repeats the optimiser's most expensive work ``world`` times. Here rank
+    ``k`` takes matrices ``k, k + world, ...`` and an all-gather hands every rank all results, as the
+    paper's ``DistMuonAdamW`` shards its Polar Express. All ranks end with the same bits (each matrix has one
+    owner); against one process the results differ only by float reassociation of the smaller batches.
+    """
+    import torch.distributed as dist
+
+    world, rank = _dist_world()
+    n = U.size(0)
+    if world == 1 or n == 1:
+        return orthogonalize(U, steps, dtype, method)
+    per_rank = -(-n // world)
+    mine = orthogonalize(U[rank::world], steps, dtype, method)
+    # gloo has no bfloat16 collectives: move the results in float32 there (exact for bf16 values)
+    wire = torch.float32 if dist.get_backend() == "gloo" else mine.dtype
+    send = torch.zeros((per_rank, *U.shape[1:]), dtype=wire, device=U.device)
+    send[: mine.size(0)] = mine.to(wire)
+    parts = [torch.empty_like(send) for _ in range(world)]
+    dist.all_gather(parts, send)
+    out = torch.empty((n, *U.shape[1:]), dtype=mine.dtype, device=U.device)
+    for k, part in enumerate(parts):
+        count = len(range(k, n, world))
+        out[k::world] = part[:count].to(mine.dtype)
+    return out
+
+
 def _wide(x: torch.Tensor) -> torch.Tensor:
     return x.mT if x.size(-2) > x.size(-1) else x
 
@@ -94,12 +133,13 @@ class MuonH(torch.optim.Optimizer):
     ``state[p]`` holds ``init_norm`` (rho, a Python float, captured here from the weights as they are
     now) and ``momentum_buffer``; both travel in ``state_dict()``, so a resumed run projects onto the
     same spheres as the original even if the optimiser was rebuilt on other weights before loading.
-    Matrices of one shape (up to transposition) are orthogonalised together in one batched call.
+    Matrices of one shape (up to transposition) are orthogonalised together in one batched call; under
+    torch.distributed (``shard``, default) each rank orthogonalises its share and all-gathers the rest.
     """
 
     def __init__(self, params: Iterable[torch.nn.Parameter] | Iterable[dict], lr: float = 0.014,
                  momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5,
-                 ns_dtype: str = "auto", orthogonalizer: str = "polar_express") -> None:
+                 ns_dtype: str = "auto", orthogonalizer: str = "polar_express", shard: bool = True) -> None:
         if lr < 0:
             raise ValueError(f"lr must be non-negative (got {lr})")
         if not 0.0 <= momentum < 1.0:
@@ -109,7 +149,7 @@ class MuonH(torch.optim.Optimizer):
         if orthogonalizer not in ORTHOGONALIZERS:
             raise ValueError(f"orthogonalizer must be one of {ORTHOGONALIZERS} (got {orthogonalizer!r})")
         defaults = {"lr": lr, "momentum": momentum, "nesterov": nesterov, "ns_steps": ns_steps,
-                    "ns_dtype": ns_dtype, "orthogonalizer": orthogonalizer}
+                    "ns_dtype": ns_dtype, "orthogonalizer": orthogonalizer, "shard": shard}
         super().__init__(params, defaults)
         for group in self.param_groups:
             for p in group["params"]:
@@ -154,7 +194,11 @@ class MuonH(torch.optim.Optimizer):
         U = torch.stack(updates)
         dt = _ns_dtype(group["ns_dtype"], U.device)
         # a param group restored from a checkpoint written before Polar Express existed has no key: NS5 ran then
-        O = orthogonalize(U, group["ns_steps"], dt, group.get("orthogonalizer", "ns5"))
+        method = group.get("orthogonalizer", "ns5")
+        if group.get("shard", True):
+            O = sharded_orthogonalize(U, group["ns_steps"], dt, method)
+        else:
+            O = orthogonalize(U, group["ns_steps"], dt, method)
         rho = torch.tensor([self.state[p].get("init_norm") or self._capture_norm(p) for p in params],
                            dtype=torch.float32, device=U.device).view(-1, 1, 1)
         O = O * (rho.to(dt) / O.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))  # ||O||_F = rho
