@@ -369,8 +369,10 @@ class _Control:
         """This attempt's process group (fresh keys), with the backend train()'s setup_dist would pick."""
         import torch
 
+        from loopscale.train.hardware import uses_cuda
+
         _teardown_group()
-        use_cuda = device_pref in ("cuda", "auto") and torch.cuda.is_available()
+        use_cuda = uses_cuda(device_pref) and torch.cuda.is_available()  # no GPU: train() reports it
         if use_cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         torch.distributed.init_process_group("nccl" if use_cuda else "gloo",

@@ -45,12 +45,17 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def uses_cuda(device_pref: str) -> bool:
+    """Whether a run with ``run.device = device_pref`` trains on CUDA (and so under NCCL, else gloo)."""
+    return device_pref == "cuda" or (device_pref == "auto" and torch.cuda.is_available())
+
+
 def setup_dist(device_pref: str) -> tuple[Dist, torch.device]:
     """Initialise torch.distributed when launched by torchrun (gloo on CPU, NCCL on GPU)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = device_pref == "cuda" or (device_pref == "auto" and torch.cuda.is_available())
+    use_cuda = uses_cuda(device_pref)
     if device_pref == "cuda" and not torch.cuda.is_available():
         from loopscale.errors import ConfigError
 
