@@ -21,7 +21,9 @@ One block application with gradients keeps::
     4d + 4     norm1's input in fp32 (autocast runs rms_norm in fp32) and 1/rms
     a d        the normed x as the fused q/k/v GEMM's input (its bf16 cast under autocast)
     3a d       the q/k/v output, whole: v and the RoPE halves are views of it
-    8d + 8H    QK-norm's input (the RoPE output, upcast to fp32) and 1/rms per head of q and k
+    8d + 8H    QK-norm's input (the RoPE output) and 1/rms per head of q and k: CPU's composite norm
+               upcasts it to fp32; CUDA's fused norm keeps it in a (2a d + 8H), the model running
+               QK-norm outside autocast
     2a d       q and k as SDPA saves them (normed, cast to a)
     a d + 4H   SDPA's output and logsumexp: the flash/efficient kernels (CUDA) and torch's CPU flash
                kernel keep O(T) per row, not the T x T matrix
@@ -30,24 +32,29 @@ One block application with gradients keeps::
     2m a d     ReLU's output and its square (the square as proj's input)
     8d         composite RMSNorm only (CPU; CUDA without torch's fused rms_norm, pytorch/pytorch#153666):
                x / rms of both weighted norms, for the weights' gradient
-    4m d       CUDA autocast only: ``square`` is ``pow``, which CUDA autocast runs in fp32, so the fp32
-               copy of the ReLU output is saved too
-    = d (16 + 9a + 2ma) + 12H + 8 (+ 8d, + 4md): CPU fp32 92d, CUDA bf16 66d per token
+    = d (16 + 9a + 2ma) + 12H + 8 (+ 8d composite): CPU fp32 92d; CUDA bf16 (2a d QK-norm input) 46d
+    per token. (The square is a product, ``h * h``: CUDA autocast would run ``pow`` in fp32 and keep
+    another 4md.)
     math SDPA instead: scaled q, k and a copy of v (3a d) and the probabilities (H T a), no q/k/v output
 
 A recurrence with gradients adds norm_recur (4d + 4, + 4d composite) and its injection's input: linear
 ``[e || h]`` (2a d); hyperconnect the K lanes for its two lane mixes (4Kd, or a bf16 cast per mix
 under autocast, 2aKd) and the normed output that beta scales; additive and passthrough save nothing.
-Once per token: ids and targets (16), norm_emb and norm_final (4d + 4 each, + 4d composite), the
-head's input (a d) and the fp32 loss path over the *real* vocabulary V: tanh's output (softcap) and
-log-softmax's output, 4V each (the fp32 logits themselves are not saved: division by and multiplication
-with a scalar keep nothing). Full BPTT keeps ``n_prelude + r n_recur + n_coda`` block applications and
+Once per token: ids and targets (16), norm_emb and norm_final (4d + 4 each, + 4d composite) and the
+loss path. The fused loss (``model/loss.py``, the default) computes its gradients in the forward and
+keeps the gradient of its input, 4d; the plain path (``run.fused_loss = false``) keeps the head's
+input (a d) and, over the *real* vocabulary V in fp32, tanh's output (softcap) and log-softmax's
+output, 4V each. Full BPTT keeps ``n_prelude + r n_recur + n_coda`` block applications and
 r recurrences; truncated BPTT ``n_prelude + k n_recur + n_coda`` and k (the rest run under no_grad).
 
-**L_bwd** (per token): at log-softmax's backward its incoming and outgoing fp32 gradients, 8V; with a
-small vocabulary the last block's squared-ReLU backward instead (4d + 2m a d, + 8md under CUDA autocast).
+**L_bwd** (per token): the last block's squared-ReLU backward (4d + 2m a d); on the plain loss path
+log-softmax's incoming and outgoing fp32 gradients (8V) where larger. The fused loss's temporaries
+come per micro-batch on top: while the forward computes it, one chunk's fp32 logits and softmax (``c``
+rows of ``LOSS_CHUNK_BYTES`` at most, (8 + 2) V bytes per row under autocast), the head's cast and its
+gradient's matmul output; at backward's start its two scaled gradients (4d per token, 4Vd).
 **W_fwd** (per micro-batch): the concatenated q/k/v weight per block application (3d^2 a) and, under
-autocast, the cached bf16 casts of the other weights and RoPE's tables cast per application.
+autocast, the cached bf16 casts of the other weights and RoPE's tables cast per application; with the
+fused loss the fp32 head gradient (4Vd), which exists from the forward on.
 **S_opt**: MuonH's largest bucket of same-shape matrices (P parameters, n matrices m x M, m <= M): the
 lerped updates and their stack (8P), the orthogonalisation's X, aX, BX, new X and the m x m Gram
 matrices in the ns dtype s, ``8P + s (4P + 2 n m^2)``, or after it the stacked weights and their two
@@ -80,6 +87,12 @@ if TYPE_CHECKING:
 MARGIN_FRACTION = 0.10  # of a GPU: allocator fragmentation, cuBLAS and attention workspaces
 MARGIN_BYTES = 2**30  # the CUDA context and NCCL buffers, outside torch's allocator
 CPU_FRACTION = 0.5  # of a host's physical memory: it also holds the token data and other runs
+LOSS_CHUNK_BYTES = 2**28  # fp32 logits of one chunk of the fused loss (and their softmax): 256 MiB each
+
+
+def chunk_rows(vocab: int, rows: int) -> int:
+    """Rows per chunk of the fused loss: all of them when the logits are small (CPU vocabularies)."""
+    return max(1, min(rows, LOSS_CHUNK_BYTES // (4 * vocab)))
 
 
 # ---- where the step runs -----------------------------------------------------------------
@@ -95,6 +108,7 @@ class Regime:
     dtype: str = "bfloat16"  # "bfloat16" | "float32"
     attention: str = "flash"
     fused_norm: bool | None = None
+    fused_loss: bool = True  # model/loss.py's chunked head + softcap + cross-entropy (``run.fused_loss``)
 
     @property
     def a(self) -> int:
@@ -107,7 +121,8 @@ class Regime:
 
     @property
     def cuda_autocast(self) -> bool:
-        """CUDA's autocast runs pow (``square``) and rms_norm in fp32; CPU's runs neither."""
+        """CUDA's autocast runs the weighted norms' rms_norm in fp32; CPU's does not (the model keeps
+        QK-norm out of autocast and squares with a product, so neither upcasts)."""
         return self.autocast and self.device == "cuda"
 
     @property
@@ -120,12 +135,12 @@ class Regime:
         return self.a if self.autocast and not self.cuda_autocast else 4
 
 
-def regime(device: str, dtype: str = "auto", attention: str = "flash") -> Regime:
+def regime(device: str, dtype: str = "auto", attention: str = "flash", *, fused_loss: bool = True) -> Regime:
     """A run's regime: ``dtype = auto`` is bf16 on CUDA, fp32 on CPU (as ``train.hardware``)."""
     dev = "cuda" if str(device).startswith("cuda") else "cpu"
     if dtype == "auto":
         dtype = "bfloat16" if dev == "cuda" else "float32"
-    return Regime(dev, dtype, attention)
+    return Regime(dev, dtype, attention, fused_loss=fused_loss)
 
 
 # ---- activations (bytes per token) ----------------------------------------------------------
@@ -141,12 +156,13 @@ def _unique_blocks(cfg: ModelConfig) -> int:
 def block_bytes(cfg: ModelConfig, rg: Regime) -> float:
     """Bytes per token one block application keeps for backward (the table in the module docstring)."""
     d, h, m, a = cfg.width, cfg.n_head, cfg.mlp_ratio, rg.a
-    attn = a * d + (8 * d + 8 * h) + a * d  # GEMM input; QK-norm's input and 1/rms; the merged copy
+    qk_in = 8 * d if rg.composite_norm else 2 * a * d  # QK-norm's input: upcast by the composite norm
+    attn = a * d + (qk_in + 8 * h) + a * d  # GEMM input; QK-norm's input and 1/rms; the merged copy
     if rg.attention == "flash":
         attn += 3 * a * d + 2 * a * d + a * d + 4 * h  # q/k/v output, normed q and k, output, logsumexp
     else:
         attn += 3 * a * d + h * cfg.seq_len * a  # scaled q and k, a copy of v; the T x T probabilities
-    mlp = a * d + 2 * m * a * d + (4 * m * d if rg.cuda_autocast else 0)
+    mlp = a * d + 2 * m * a * d
     return float(2 * _norm(d, rg) + attn + mlp)
 
 
@@ -172,42 +188,62 @@ def grad_applications(cfg: ModelConfig) -> tuple[int, int]:
     return cfg.n_prelude + k * cfg.n_recur + cfg.n_coda, k
 
 
-def logits_bytes(cfg: ModelConfig) -> float:
-    """The fp32 loss path over the real vocabulary: tanh's output (softcap) and log-softmax's output."""
-    return float(4 * cfg.vocab_size * (2 if cfg.softcap is not None else 1))
+def logits_bytes(cfg: ModelConfig, rg: Regime) -> float:
+    """The loss path per token: the fused loss keeps the gradient of its input (fp32, 4d); the plain one
+    the head's input and, over the real vocabulary in fp32, tanh's output (softcap) and log-softmax's."""
+    if rg.fused_loss:
+        return float(4 * cfg.width)
+    return float(rg.a * cfg.width + 4 * cfg.vocab_size * (2 if cfg.softcap is not None else 1))
 
 
 def activation_bytes(cfg: ModelConfig, rg: Regime) -> float:
     """A: bytes per token kept for backward."""
     d = cfg.width
     blocks, recurrences = grad_applications(cfg)
-    ends = 16 + 2 * _norm(d, rg) + rg.a * d  # ids and targets; norm_emb, norm_final; the head's input
-    return ends + blocks * block_bytes(cfg, rg) + recurrences * loop_bytes(cfg, rg) + logits_bytes(cfg)
+    ends = 16 + 2 * _norm(d, rg)  # ids and targets; norm_emb, norm_final
+    return ends + blocks * block_bytes(cfg, rg) + recurrences * loop_bytes(cfg, rg) + logits_bytes(cfg, rg)
 
 
 def backward_transient_bytes(cfg: ModelConfig, rg: Regime) -> float:
-    """L_bwd: log-softmax's two fp32 gradients, or (small vocabularies) the last squared-ReLU backward."""
+    """L_bwd per token: the last squared-ReLU backward, or (plain loss, large vocabularies) log-softmax's
+    two fp32 gradients."""
     d, m = cfg.width, cfg.mlp_ratio
-    block = 4 * d + 2 * m * rg.a * d + (8 * m * d if rg.cuda_autocast else 0)
-    return float(max(8 * cfg.vocab_size, block))
+    block = 4 * d + 2 * m * rg.a * d
+    return float(block if rg.fused_loss else max(8 * cfg.vocab_size, block))
 
 
-def cached_cast_bytes(cfg: ModelConfig, rg: Regime) -> float:
+def loss_transient_bytes(cfg: ModelConfig, rg: Regime, tokens: int) -> float:
+    """The fused loss's temporaries (model/loss.py) while every activation is saved: one chunk's fp32
+    logits and softmax (+ their bf16 casts), the head's cast and its gradient's matmul output; then at
+    backward's start the two scaled gradients (4d per token and 4Vd). 0 for the plain loss path."""
+    if not rg.fused_loss:
+        return 0.0
+    d, v = cfg.width, cfg.vocab_size
+    c = chunk_rows(v, tokens)
+    per_row = (4 if cfg.softcap is not None else 0) + (6 if rg.autocast else 4)
+    forward = c * v * per_row + v * d * (8 if rg.autocast else 4) + 4 * c * d
+    return float(max(forward, tokens * 4 * d + 4 * v * d))
+
+
+def cached_cast_bytes(cfg: ModelConfig, rg: Regime, *, head: bool = True) -> float:
     """Autocast's cache of bf16 weight copies (leaf weights: out, MLP, injection, head), held through the
-    forward and then by autograd; the concatenated q/k/v weight is no leaf and is cast at every use."""
+    forward and then by autograd; the concatenated q/k/v weight is no leaf and is cast at every use.
+    ``head``: the plain loss path casts the head through autocast; the fused one casts a slice itself."""
     if not rg.autocast:
         return 0.0
     d = cfg.width
     inject = 2 * d * d if cfg.is_looped and cfg.injection == "linear" else 0
-    return float((_unique_blocks(cfg) * (1 + 2 * cfg.mlp_ratio) * d * d + inject + cfg.vocab_padded * d) * rg.a)
+    head_cast = cfg.vocab_padded * d if head else 0
+    return float((_unique_blocks(cfg) * (1 + 2 * cfg.mlp_ratio) * d * d + inject + head_cast) * rg.a)
 
 
 def weight_copy_bytes(cfg: ModelConfig, rg: Regime) -> float:
     """W_fwd: weight copies one forward keeps: the q/k/v concat per application (and RoPE's cast tables),
-    and autocast's cached casts."""
+    autocast's cached casts, and the fused loss's fp32 head gradient (computed in the forward)."""
     blocks, _ = grad_applications(cfg)
     per_use = 3 * cfg.width * cfg.width * rg.a + (cfg.seq_len * cfg.head_dim * rg.a if rg.autocast else 0)
-    return blocks * per_use + cached_cast_bytes(cfg, rg)
+    head_grad = 4 * cfg.vocab_size * cfg.width if rg.fused_loss else 0
+    return blocks * per_use + cached_cast_bytes(cfg, rg, head=not rg.fused_loss) + head_grad
 
 
 def eval_bytes(cfg: ModelConfig, rg: Regime) -> float:
@@ -216,8 +252,8 @@ def eval_bytes(cfg: ModelConfig, rg: Regime) -> float:
     loss = (4 * cfg.vocab_padded + 8 * v if a == 4 else 12 * v) + 4 * d  # logits, /softcap, tanh; last x
     # a block's attention (q, k, v and their normed copies) or its MLP, whichever is larger: blocks return
     # no (k, v) without a KV cache, so the attention's tensors are gone by the time the MLP runs
-    kv = 3 * a * d + 2 * rg.norm_out * d
-    mlp = m * a * d + (8 * m * d if rg.cuda_autocast else m * a * d)  # ReLU and pow's fp32 copy and result
+    kv = 5 * a * d  # the q/k/v output and the normed q and k
+    mlp = 2 * m * a * d  # ReLU's output and its square
     residuals = 4 * d * (4 + (1 if cfg.is_looped else 0))  # x, its norm, the block input; the loop's e
     if cfg.is_looped and cfg.injection == "hyperconnect":
         residuals += 4 * d * (cfg.hc_lanes - 1)
@@ -295,7 +331,7 @@ def train_peak(cfg: ModelConfig, rows: int, rg: Regime, *, optim: str = "muonh",
     state = state_bytes(cfg, optim=optim, world=world)
     grads = 0.0 if accumulate else state - state_bytes(cfg, optim=optim, world=world, grads=False)
     return Peak(rows, state, tokens * activation_bytes(cfg, rg) + weight_copy_bytes(cfg, rg) - grads,
-                tokens * backward_transient_bytes(cfg, rg),
+                max(tokens * backward_transient_bytes(cfg, rg), loss_transient_bytes(cfg, rg, tokens)),
                 optimizer_transient_bytes(cfg, rg, optim=optim, ns_dtype=ns_dtype))
 
 
@@ -386,7 +422,7 @@ def micro_batches(cfg: TrainConfig, *, device: str, limit: float | None, world: 
     divisor (at least the training one) whose validation peak is within it.
     """
     model, run, opt = cfg.model, cfg.run, cfg.optim
-    rg = regime(device, run.dtype)
+    rg = regime(device, run.dtype, fused_loss=run.fused_loss)
     per = max(1, run.batch_size // world)
 
     def tp(k: int) -> Peak:
@@ -407,7 +443,7 @@ def micro_batches(cfg: TrainConfig, *, device: str, limit: float | None, world: 
 
 def max_rows(cfg: TrainConfig, *, device: str, limit: float, most: int) -> int:
     """The most rows (1..``most``, any count) one training forward may take within ``limit`` (0: none)."""
-    rg = regime(device, cfg.run.dtype)
+    rg = regime(device, cfg.run.dtype, fused_loss=cfg.run.fused_loss)
     for k in range(most, 0, -1):
         if train_peak(cfg.model, k, rg, optim=cfg.optim.name, ns_dtype=cfg.optim.ns_dtype).total <= limit:
             return k

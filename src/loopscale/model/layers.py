@@ -91,6 +91,19 @@ class KVSlot:
         return 0 if self.k is None else self.k.size(2)
 
 
+def _qk_norm(qk: torch.Tensor, eps: float) -> torch.Tensor:
+    """Parameter-free RMSNorm over the head dimension, in q and k's own dtype.
+
+    CUDA autocast lists ``rms_norm`` as an fp32 op: q and k would be upcast, saved and normed in fp32
+    (8 bytes per element instead of 2) although SDPA reads them in bf16. Outside autocast the bf16 kernel
+    still accumulates in fp32, so the result is the fp32 norm rounded to bf16, which is what SDPA saw.
+    """
+    if not torch.is_autocast_enabled(qk.device.type):
+        return F.rms_norm(qk, (qk.size(-1),), eps=eps)
+    with torch.autocast(qk.device.type, enabled=False):
+        return F.rms_norm(qk, (qk.size(-1),), eps=eps)
+
+
 class Attention(nn.Module):
     """Causal self-attention through SDPA; q/k get RoPE, then a parameter-free RMSNorm (QK-norm)."""
 
@@ -115,7 +128,7 @@ class Attention(nn.Module):
         past = 0 if cache is None else cache.length
         # RoPE, then QK-norm, as the paper's code orders them (with its bf16-rounded table the rotation is
         # not exactly norm-preserving, so the order matters at the last bit); q and k share both calls.
-        qk = F.rms_norm(self.rotary(qk, past), (self.head_dim,), eps=self.eps)
+        qk = _qk_norm(self.rotary(qk, past), self.eps)
         q, k = qk[0], qk[1]
         if cache is not None:
             k, v = cache.append(k, v)
@@ -131,7 +144,12 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """d -> ratio*d -> d with squared ReLU."""
+    """d -> ratio*d -> d with squared ReLU.
+
+    The square is ``h * h``, not ``h.square()``: CUDA autocast runs ``pow`` in fp32 (and keeps an fp32
+    copy of the hidden for backward); a bf16 product of bf16 factors is the fp32 square rounded once to
+    bf16, bit for bit what ``proj`` received before, and in fp32 ``pow(h, 2)`` is ``h * h``.
+    """
 
     def __init__(self, d_model: int, ratio: int) -> None:
         super().__init__()
@@ -139,7 +157,8 @@ class MLP(nn.Module):
         self.proj = nn.Linear(ratio * d_model, d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(F.relu(self.fc(x)).square())
+        h = F.relu(self.fc(x))
+        return self.proj(h * h)
 
 
 class Block(nn.Module):

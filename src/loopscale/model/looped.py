@@ -24,6 +24,7 @@ from loopscale.config import ModelConfig
 from loopscale.errors import ConfigError
 from loopscale.model.injection import HyperConnect, make_injection
 from loopscale.model.layers import Block, KVSlot, RMSNorm, Rotary
+from loopscale.model.loss import softcap_cross_entropy
 
 
 class KVCache:
@@ -52,6 +53,9 @@ class KVCache:
 
 
 class LoopedLM(nn.Module):
+    #: the loss by row chunks with its gradient in the same pass (``model/loss.py``); False: plain autograd
+    fused_loss: bool = True
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -113,8 +117,11 @@ class LoopedLM(nn.Module):
         x = self.norm_emb(self.embed(idx))
         x = self._stack(self.prelude, x, cache)
         x = self._stack(self.recur, x, cache) if not cfg.is_looped else self._loop(x, r, cache)
-        x = self._stack(self.coda, x, cache)
-        logits = self.head(self.norm_final(x))[..., : cfg.vocab_size].float()
+        x = self.norm_final(self._stack(self.coda, x, cache))
+        if targets is not None and self.fused_loss and reduction != "none":
+            return softcap_cross_entropy(x.reshape(-1, x.size(-1)), self.head.weight[: cfg.vocab_size],
+                                         targets, softcap=cfg.softcap, reduction=reduction)
+        logits = self.head(x)[..., : cfg.vocab_size].float()
         if cfg.softcap is not None:
             logits = cfg.softcap * torch.tanh(logits / cfg.softcap)
         if targets is None:

@@ -77,15 +77,15 @@ def measure(cfg: TrainConfig, rows: int, *, steps: int = 2) -> tuple[float, floa
 
     from loopscale.model import LoopedLM
     from loopscale.optim import build_optimizers
+    from loopscale.train.compiling import compile_for_training
     from loopscale.train.hardware import Dist, autocast, resolved_dtype, setup_threads
 
     device = torch.device(_device(cfg))
     setup_threads(cfg.run.threads, Dist())
     torch.manual_seed(0)
     model = LoopedLM(cfg.model).to(device)
-    if cfg.run.compile:
-        for b in model.blocks():
-            b.compile()
+    model.fused_loss = cfg.run.fused_loss
+    step_fn, _ = compile_for_training(model, model.blocks(), cfg.run.compile, device)
     opt = build_optimizers(model.param_groups(), cfg.optim, d_model=cfg.model.width,
                            tokens_per_step=cfg.tokens_per_step, total_tokens=1e9, r=cfg.model.r)
     dtype = resolved_dtype(device, cfg.run.dtype)
@@ -99,7 +99,7 @@ def measure(cfg: TrainConfig, rows: int, *, steps: int = 2) -> tuple[float, floa
 
     def fwd_bwd() -> None:
         with autocast(device, dtype):
-            loss = model(x, y)
+            loss = step_fn(x, y)
         loss.backward()
 
     fwd_bwd()

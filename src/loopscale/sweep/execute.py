@@ -133,7 +133,9 @@ def _attempt(rs: Any, run_dir: Path, on_step: Callable[[int, int], None] | None,
              setup: Callable[[], None] | None = None) -> _Ending:
     """Call train() (after ``setup``, e.g. the rank's process group) and say how it ended; never raises."""
     from loopscale.train import RunInterrupted, TrainingFailed, train
+    from loopscale.train.compiling import use_cache_dir
 
+    use_cache_dir(run_dir.parent.parent / "compile_cache")  # <sweep>/runs/<id>: one cache per sweep
     t0 = time.time()
     try:
         if setup is not None:

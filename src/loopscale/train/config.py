@@ -34,12 +34,24 @@ class RunConfig(StrictModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="autocast dtype; auto = bfloat16 on CUDA, float32 on CPU")
-    compile: bool = Field(False, description="torch.compile each block (CPU ~1.5x at tiny widths)")
+    compile: Literal["auto", "off", "blocks", "model"] = Field(
+        "auto", description="torch.compile: model = the whole forward and loss in one graph (per block if "
+        "that fails), blocks = each block, off; auto = model on CUDA, off on CPU (true/false: blocks/off)")
+    fused_loss: bool = Field(True, description="head, softcap and cross-entropy by row chunks with the "
+                             "gradient in the same pass (model/loss.py); false: plain autograd over all logits")
     threads: int | None = Field(None, gt=0, description="torch threads (default: available cores, or a "
                                  "local sweep slot's share of them, / ranks)")
     keep_checkpoint: bool = Field(False, description="keep ckpt.pt after a finished run")
     track: Literal["none", "wandb", "tensorboard"] = "none"
     fail_at_step: int | None = Field(None, ge=0, description="testing: raise at this step")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _compile_bool(cls, data: Any) -> Any:
+        """``compile = true`` meant per-block compilation before the modes existed."""
+        if isinstance(data, dict) and isinstance(data.get("compile"), bool):
+            data = {**data, "compile": "blocks" if data["compile"] else "off"}
+        return data
 
     @model_validator(mode="before")
     @classmethod

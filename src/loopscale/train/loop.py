@@ -32,6 +32,7 @@ from loopscale.model import LoopedLM
 from loopscale.optim import build_optimizers
 from loopscale.train import checkpoint as ck
 from loopscale.train.batches import TokenData, load_token_data
+from loopscale.train.compiling import compile_for_training, resolved_mode
 from loopscale.train.config import TrainConfig
 from loopscale.train.hardware import (
     autocast,
@@ -264,13 +265,13 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
             atomic_write_text(run_dir / METRICS, "".join(_jsonl(r) for r in kept))
     elif dist.is_main:
         (run_dir / METRICS).unlink(missing_ok=True)
-    if run.compile:
-        for b in model.blocks():
-            b.compile()
-    train_model: torch.nn.Module = model
+    model.fused_loss = run.fused_loss
+    ddp = None
     if dist.world > 1:
-        train_model = torch.nn.parallel.DistributedDataParallel(
+        ddp = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
+    train_model, _ = compile_for_training(ddp or model, model.blocks(), run.compile, device,
+                                          warn=_warn if dist.is_main else None)
     dtype = resolved_dtype(device, run.dtype)
     peak = peak_flops(device, run.dtype)
     if device.type == "cuda":
@@ -292,7 +293,7 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
                 lo = dist.rank * per_rank + m_i * micro
                 x, y = data.batch(step, B, lo, lo + micro, seed=cfg.data.seed)
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                sync = nullcontext() if (dist.world == 1 or m_i == n_micro - 1) else train_model.no_sync()
+                sync = nullcontext() if (ddp is None or m_i == n_micro - 1) else ddp.no_sync()
                 with sync, autocast(device, dtype):
                     loss = train_model(x, y)
                 (loss / n_micro).backward()
@@ -386,6 +387,7 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
         "versions": versions(),
         "data_fingerprint": data.fingerprint,
         "threads": threads,
+        "compile": getattr(train_model, "mode", resolved_mode(run.compile, device)),
         **mb.record(),
     }
     if measured is not None:  # CUDA: what the allocator saw, beside the prediction (training, then validation)
@@ -430,6 +432,12 @@ def _measured_peak(device: torch.device) -> int | None:
     peak = int(torch.cuda.max_memory_allocated(device))
     torch.cuda.reset_peak_memory_stats(device)
     return peak
+
+
+def _warn(message: str) -> None:
+    import sys
+
+    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def _jsonl(rec: dict[str, Any]) -> str:
