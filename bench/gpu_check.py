@@ -119,9 +119,6 @@ def measure_step(cfg: ModelConfig, rows: int, mode: str, device: torch.device, d
     if device.type == "cuda":
         out["measured_peak_bytes"] = int(torch.cuda.max_memory_allocated(device))
         out["measured_over_predicted"] = out["measured_peak_bytes"] / predicted
-    del model, opt, step_fn
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
     return out
 
 
@@ -141,10 +138,12 @@ def section_steps(args: argparse.Namespace, clock: Clock, device: torch.device) 
         try:
             res = {"s": s, **measure_step(paper_model(s, r, args.smoke), rows, mode, device, dtype,
                                           3 if args.smoke else 10)}
-        except Exception as e:  # noqa: BLE001 - recorded, the next configuration runs
+        except Exception as e:
             res = {"s": s, "r": r, "mode": mode, "error": f"{type(e).__name__}: {e}"[:500],
                    "traceback": traceback.format_exc()[-2000:]}
         print(f"  {json.dumps({k: v for k, v in res.items() if k != 'traceback'})[:300]}", flush=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the last configuration's model and optimiser are gone
         results.append(res)
     return results
 
@@ -162,12 +161,17 @@ def _model_table(s: int, r: int, smoke: bool) -> dict[str, Any]:
     return {k: v for k, v in cfg.model_dump(mode="json").items() if k in keep}
 
 
+def _pythonpath() -> str:
+    """This checkout's src first (the device tool's copy has no install), then what the caller set."""
+    return os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH", "")) if p)
+
+
 def _cli(argv: list[str], log: Path, timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
     t = time.time()
     with log.open("w") as fh:
         try:
             proc = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, timeout=max(10.0, timeout),
-                                  env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **(env or {})})
+                                  env={**os.environ, "PYTHONPATH": _pythonpath(), **(env or {})})
             rc = proc.returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
@@ -280,7 +284,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [f"- {k}: {v}" for k, v in keep.items()]
         if sec.get("loss_curve"):
             curve = sec["loss_curve"]
-            lines.append("- loss curve (step, train loss): " + ", ".join(f"{s}: {v}" for s, v in curve[:: max(1, len(curve) // 10)]))
+            every = curve[:: max(1, len(curve) // 10)]
+            lines.append("- loss curve (step, train loss): " + ", ".join(f"{s}: {v}" for s, v in every))
         for run in sec.get("runs", []):
             lines.append(f"- {run}")
         if sec.get("rc") not in (0, None):
@@ -331,7 +336,7 @@ def main() -> None:
         t = time.time()
         try:
             report[name] = sections[name]()
-        except Exception as e:  # noqa: BLE001 - recorded; the next section runs
+        except Exception as e:
             report[name] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
         report.setdefault("section_s", {})[name] = round(time.time() - t, 1)
         write(report, args.out)
