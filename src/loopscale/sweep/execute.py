@@ -41,12 +41,28 @@ def runnable(store: SweepStore, run_id: str, max_retries: int) -> tuple[bool, st
     """Should an executor start this run now? (False, why) for finished, busy or exhausted runs."""
     st = store.state(run_id)
     if st.status in ("done", "diverged"):
+        tidy_finished_run(store, run_id)
         return False, st.status
     if st.status == "running":
         return False, "running elsewhere"
     if st.status == "failed" and (not st.retryable or st.failures > max_retries):
         return False, "failed"
     return True, st.status
+
+
+def tidy_finished_run(store: SweepStore, run_id: str) -> None:
+    """Remove a finished run's leftovers: ``ckpt.pt`` (unless the run keeps it) and atomic-write temporaries.
+
+    The trainer removes ``ckpt.pt`` right after ``result.json``; a kill in between left it, and executors
+    skip finished runs without calling the trainer. Failed runs keep theirs: a retry resumes from it.
+    """
+    from loopscale.train.checkpoint import tidy_finished
+
+    try:
+        keep = store.load_run(run_id).config.run.keep_checkpoint
+    except ConfigError:
+        return
+    tidy_finished(store.run_dir(run_id), keep_checkpoint=keep)
 
 
 def execute_run(store: SweepStore, run_id: str, *, max_retries: int, on_step: Callable[[int, int], None] | None = None,

@@ -28,7 +28,7 @@ from pydantic import Field
 from rich.console import Console
 
 from loopscale.config import StrictModel
-from loopscale.sweep.execute import execute_run, runnable
+from loopscale.sweep.execute import execute_run, runnable, tidy_finished_run
 from loopscale.sweep.progress import SweepProgress
 from loopscale.sweep.spec import RunSpec
 from loopscale.sweep.store import SweepStore, _last_step
@@ -171,6 +171,8 @@ def run_local(store: SweepStore, runs: list[RunSpec], flops: dict[str, float], *
                 or (st.status == "failed" and (not st.retryable or st.failures > max_retries))}
     for rid in finished:
         summary.add("skipped", rid)
+        if states[rid].status in ("done", "diverged"):
+            tidy_finished_run(store, rid)
     queue = collections.deque(rs.run_id for rs in runs if rs.run_id not in finished)
     steps = {rs.run_id: rs.config.total_steps() for rs in runs}
     prog = SweepProgress(console, total_runs=len(runs), total_flops=sum(flops.values()), done_runs=len(finished),
