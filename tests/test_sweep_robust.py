@@ -1,9 +1,16 @@
 """Sweep edges: leftovers of finished runs, the stale-lock race, orphaned workers, corrupt files, failure history."""
 
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from loopscale.sweep import prepare, run_sweep, spec_from_dict
+from loopscale.sweep.store import SweepStore
 from test_sweep_run import tiny_spec
 
 
@@ -31,3 +38,57 @@ def test_rerunning_a_sweep_removes_a_finished_runs_checkpoint_and_temporaries(on
     assert not (d / "ckpt.pt").exists() and not (d / ".ckpt.pt.k1ll3d_x.tmp").exists()
     assert (d / ".attempts.json.abcd1234.tmp").exists() and (d / "model.safetensors").exists()
     (d / ".attempts.json.abcd1234.tmp").unlink()
+
+
+def _claim(root: str, rid: str, delay: float, out) -> None:
+    """A child process: wait ``delay``, try to take the run's lock, report, hold it a while."""
+    import time
+
+    time.sleep(delay)
+    lock = SweepStore(root).try_lock(rid)
+    out.put((os.getpid(), lock is not None))
+    time.sleep(2.0)  # still alive while the other contender looks at the lock
+
+
+def test_two_processes_taking_over_the_same_stale_lock_never_both_win(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import multiprocessing
+    import socket
+    import time
+
+    store = SweepStore(tmp_path / "sw")
+    rid = "C2e+09_r2_d16_baseline_s0"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    store.run_dir(rid).mkdir(parents=True)
+    (store.run_dir(rid) / "lock.json").write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname()}))
+    assert store.live_lock(rid) is None  # stale: its process is gone
+    judged = SweepStore.live_lock
+
+    def slow_judge(self, run_id):  # widen the window between "it is stale" and acting on it
+        verdict = judged(self, run_id)
+        time.sleep(0.6)
+        return verdict
+
+    monkeypatch.setattr(SweepStore, "live_lock", slow_judge)
+    ctx = multiprocessing.get_context("fork")  # the children inherit the patch
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_claim, args=(str(store.root), rid, delay, out)) for delay in (0.0, 0.3)]
+    for p in procs:
+        p.start()
+    results = dict(out.get(timeout=30) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+    assert sorted(results.values()) == [False, True], results
+    winner = next(pid for pid, won in results.items() if won)
+    assert json.loads((store.run_dir(rid) / "lock.json").read_text())["pid"] == winner
+
+
+def test_releasing_a_lock_another_process_took_over_leaves_that_lock(tmp_path: Path) -> None:
+    store = SweepStore(tmp_path / "sw")
+    lock = store.try_lock("run")
+    assert lock is not None
+    theirs = json.dumps({"pid": 1, "host": "elsewhere", "time": 0.0})
+    lock.path.write_text(theirs)  # judged stale (e.g. a heartbeat gap) and taken over
+    lock.release()
+    assert lock.path.read_text() == theirs

@@ -8,6 +8,7 @@
           sweep.json       the run's grid coordinates and exact TrainConfig (written when planned)
           attempts.json    starts and failures so far, with the last errors
           lock.json        held while a process trains the run (pid, host; heartbeat = mtime)
+          lock.takeover    flock'ed while a process takes over a stale lock.json
           queued.json      SLURM job id while the run waits in a queue
       runs.csv, runs.parquet   `loopscale sweep collect`
 
@@ -28,6 +29,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,7 @@ RESULT = "result.json"
 META = "sweep.json"
 ATTEMPTS = "attempts.json"
 LOCK = "lock.json"
+TAKEOVER = "lock.takeover"  # flock'ed while a process takes over a stale lock.json (empty, never removed)
 QUEUED = "queued.json"
 STALE_AFTER_S = 900.0  # a lock from another host with no heartbeat for this long is stale
 HEARTBEAT_S = 30.0
@@ -84,8 +87,9 @@ class RunState:
 class Lock:
     """An exclusive claim on a run (a hard link, atomic); ``beat()`` refreshes its mtime as a heartbeat."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, text: str = "") -> None:
         self.path = path
+        self.text = text  # what this process wrote: release() removes only its own lock
         self._last = time.time()
 
     def beat(self, force: bool = False) -> None:
@@ -96,8 +100,27 @@ class Lock:
             self._last = now
 
     def release(self) -> None:
+        """Remove the lock, unless another process took it over (it judged this one stale)."""
         with contextlib.suppress(OSError):
-            self.path.unlink()
+            if not self.text or self.path.read_text(encoding="utf-8") == self.text:
+                self.path.unlink()
+
+
+@contextlib.contextmanager
+def _flocked(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created, never removed): the kernel frees it when we exit or die.
+
+    On a file system without ``flock`` this serialises nothing (docs/sweep.md, locks).
+    """
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
 
 
 class SweepStore:
@@ -215,23 +238,37 @@ class SweepStore:
         d = self.run_dir(run_id)
         d.mkdir(parents=True, exist_ok=True)
         path = d / LOCK
-        rec = {"pid": os.getpid(), "host": socket.gethostname(), "time": time.time(), **info}
+        text = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time(), **info})
         tmp = d / f".lock.{socket.gethostname()}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(rec), encoding="utf-8")
+        tmp.write_text(text, encoding="utf-8")
         try:
-            for _ in range(2):
-                try:
-                    os.link(tmp, path)  # atomic and exclusive (also on NFS): a lock is never half-written
-                except FileExistsError:
-                    if self.live_lock(run_id) is not None:
-                        return None
-                    with contextlib.suppress(OSError):
-                        path.unlink()  # stale: its process is gone
-                    continue
-                return Lock(path)
-            return None
+            try:
+                os.link(tmp, path)  # atomic and exclusive (also on NFS): a lock is never half-written
+                return Lock(path, text)
+            except FileExistsError:
+                pass
+            return Lock(path, text) if self._take_over(run_id, tmp, path) else None
         finally:
             tmp.unlink(missing_ok=True)
+
+    def _take_over(self, run_id: str, tmp: Path, path: Path) -> bool:
+        """Replace a stale lock with ``tmp``; False when a live process holds the run.
+
+        Check-dead-then-replace is not atomic by itself: two processes could both find the same lock
+        stale and both "take it over". So takeovers hold ``flock(lock.takeover)`` from the check to the
+        swap, and the swap is one ``rename`` over the stale lock (never absent, so no fresh ``link``
+        can slip in between). The flock dies with its holder: no stale takeover can block a run.
+        """
+        with _flocked(self.run_dir(run_id) / TAKEOVER):
+            try:
+                os.link(tmp, path)  # released meanwhile
+                return True
+            except FileExistsError:
+                pass
+            if self.live_lock(run_id) is not None:
+                return False
+            os.replace(tmp, path)
+            return True
 
     # -- queue (SLURM) --
     def mark_queued(self, run_id: str, job_id: str) -> None:
