@@ -11,7 +11,7 @@ import pytest
 
 from loopscale.sweep import prepare, run_sweep, spec_from_dict
 from loopscale.sweep.store import SweepStore
-from test_sweep_run import tiny_spec
+from test_sweep_run import tiny_spec, write_spec
 
 
 def one_run_spec(**sweep) -> dict:
@@ -92,3 +92,70 @@ def test_releasing_a_lock_another_process_took_over_leaves_that_lock(tmp_path: P
     lock.path.write_text(theirs)  # judged stale (e.g. a heartbeat gap) and taken over
     lock.release()
     assert lock.path.read_text() == theirs
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie nobody reaped counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the worker's tether uses Linux's prctl")
+def test_a_worker_stops_when_its_isolated_sweep_is_killed(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    spec = tiny_spec(budgets=[2e11], r=[2], widths={"2e11": [32]})  # hundreds of steps: still training when killed
+    spec_path = write_spec(tmp_path / "spec.toml", spec)
+    root = tmp_path / "sw"
+    parent = subprocess.Popen([sys.executable, "-m", "loopscale", "sweep", "run", str(spec_path), "--out", str(root),
+                               "--isolate", "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    store, worker = SweepStore(root), None
+    try:
+        t0 = time.time()
+        while worker is None:  # the worker holds the lock and has logged a step
+            assert parent.poll() is None, parent.communicate()
+            assert time.time() - t0 < 120
+            runs = list((root / "runs").glob("*/metrics.jsonl")) if (root / "runs").is_dir() else []
+            if runs and (lock := store.live_lock(runs[0].parent.name)) is not None:
+                worker = int(lock["pid"])
+            time.sleep(0.05)
+        assert worker != parent.pid
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        t0 = time.time()
+        while not _gone(worker) and time.time() - t0 < 30:
+            time.sleep(0.1)
+        assert _gone(worker), "the worker outlived its sweep"
+        rid = runs[0].parent.name
+        assert store.state(rid).status == "interrupted"  # it checkpointed and let go of the run
+        assert (store.run_dir(rid) / "ckpt.pt").exists()
+    finally:
+        if worker is not None and not _gone(worker):
+            os.kill(worker, signal.SIGKILL)
+        if parent.poll() is None:
+            parent.kill()
+
+
+def test_a_rerun_that_finds_a_run_busy_says_so_and_exits_3(tmp_path: Path, capsys) -> None:
+    import socket
+
+    from loopscale.cli import run_app
+
+    spec_path = write_spec(tmp_path / "spec.toml", one_run_spec())
+    root = tmp_path / "sw"
+    store = prepare(spec_from_dict(one_run_spec(), source=str(spec_path)), root)
+    rid = store.planned()[0].run_id
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (store.run_dir(rid) / "lock.json").write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname()}))
+        capsys.readouterr()
+        assert run_app(["sweep", "run", str(root), "--no-progress"]) == 3
+        err = capsys.readouterr().err
+        assert "1 run(s) busy" in err and rid in err and f"pid {holder.pid}" in err
+    finally:
+        holder.kill()
+        holder.wait()

@@ -25,6 +25,12 @@ class SweepIncomplete(LoopscaleError):
     exit_code = 1
 
 
+class SweepBusy(LoopscaleError):
+    """No run failed, but some are held by another live process and were not run (exit status 3)."""
+
+    exit_code = 3
+
+
 SPEC_HELP = "Spec TOML, a sweep dir (its spec.toml) or a preset name (e.g. demo, paper)."
 
 
@@ -206,10 +212,19 @@ def run(
                       f"`loopscale sweep collect {store.root}` writes the runs table", highlight=False)
     failed = summary.outcomes.get("failed", []) + summary.outcomes.get("gave-up", [])
     failed += [rid for rid in summary.outcomes.get("skipped", []) if store.state(rid).status == "failed"]
+    busy = summary.outcomes.get("busy", [])
+    if busy and failed:
+        from loopscale.sweep.local import busy_message
+
+        err_console.print(busy_message(store, busy), highlight=False, markup=False)
     if failed:
         more = ", ..." if len(failed) > 3 else ""
         raise SweepIncomplete(f"{len(failed)} run(s) failed ({', '.join(failed[:3])}{more}); errors in "
                               f"`loopscale sweep status {store.root}`; `--retry-failed` runs them again")
+    if busy:
+        from loopscale.sweep.local import busy_message
+
+        raise SweepBusy(busy_message(store, busy))
 
 
 @sweep_app.command("run-one", hidden=True)
