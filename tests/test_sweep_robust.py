@@ -159,3 +159,89 @@ def test_a_rerun_that_finds_a_run_busy_says_so_and_exits_3(tmp_path: Path, capsy
     finally:
         holder.kill()
         holder.wait()
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory):
+    """A finished sweep of one run done and one failed for good: (root, done id, failed id)."""
+    from loopscale.cli import run_app
+
+    base = tmp_path_factory.mktemp("mixed")
+    spec = one_run_spec(max_retries=0)
+    spec["sweep"]["variants"] = {"broken": {"run": {"fail_at_step": 3}, "r": [2]}}
+    spec_path = write_spec(base / "spec.toml", spec)
+    root = base / "sw"
+    assert run_app(["sweep", "run", str(spec_path), "--out", str(root), "--no-progress"]) == 1
+    states = {rs.run_id: SweepStore(root).state(rs.run_id).status for rs in SweepStore(root).planned()}
+    done = next(r for r, s in states.items() if s == "done")
+    failed = next(r for r, s in states.items() if s == "failed")
+    return root, done, failed
+
+
+def _copy(mixed, tmp_path: Path) -> tuple[Path, str, str]:
+    import shutil
+
+    root, done, failed = mixed
+    shutil.copytree(root, tmp_path / "sw")
+    return tmp_path / "sw", done, failed
+
+
+def _cli(capsys, *args: str) -> tuple[int, str]:
+    from loopscale.cli import run_app
+
+    capsys.readouterr()
+    code = run_app(list(args))
+    cap = capsys.readouterr()
+    return code, " ".join((cap.out + cap.err).split())  # rich may wrap table cells
+
+
+def test_sweep_status_counts_failed_runs_flops_apart_from_done(mixed, capsys) -> None:
+    from loopscale.sweep import load_spec, plan_row
+
+    root, done, failed = mixed
+    spec = load_spec(str(root))
+    flops = {rs.run_id: plan_row(rs, spec).flops for rs in spec.runs()}
+    code, out = _cli(capsys, "sweep", "status", str(root))
+    assert code == 0
+    total = flops[done] + flops[failed]
+    assert f"{flops[done]:.3g}/{total:.3g} FLOPs done" in out, out
+    assert f"{flops[failed]:.3g} in failed runs" in out
+
+
+def test_a_corrupt_sweep_json_is_counted_and_named_by_status_and_collect(mixed, tmp_path: Path, capsys) -> None:
+    root, done, _failed = _copy(mixed, tmp_path)
+    (root / "runs" / done / "sweep.json").write_text('{"run_id": "trunc')
+    code, out = _cli(capsys, "sweep", "status", str(root))
+    assert code == 0 and "2 runs:" in out and "1 corrupt" in out
+    assert f"runs/{done}/sweep.json: unreadable" in out
+    code, out = _cli(capsys, "sweep", "collect", str(root))
+    assert code == 0 and "1 corrupt" in out and f"corrupt, not in the table: runs/{done}/sweep.json" in out
+
+
+def test_a_corrupt_result_json_is_reported_then_set_aside_and_the_run_redone(mixed, tmp_path: Path, capsys) -> None:
+    root, done, _failed = _copy(mixed, tmp_path)
+    good = json.loads((root / "runs" / done / "result.json").read_text())
+    (root / "runs" / done / "result.json").write_text("{\"status\": \"ok\", \"val_lo")
+    code, out = _cli(capsys, "sweep", "status", str(root))
+    assert "1 corrupt" in out and f"runs/{done}/result.json: unreadable" in out
+    code, out = _cli(capsys, "sweep", "collect", str(root))
+    assert f"corrupt, not in the table: runs/{done}/result.json" in out
+    code, out = _cli(capsys, "sweep", "run", str(root), "--no-progress")
+    assert code == 1 and "moved to result.json.corrupt-" in out, out  # 1: the other run is failed
+    again = json.loads((root / "runs" / done / "result.json").read_text())
+    assert again["val_loss"] == good["val_loss"]  # redone from scratch: the same bits
+    assert len(list((root / "runs" / done).glob("result.json.corrupt-*"))) == 1
+
+
+def test_retry_failed_twice_keeps_every_failure_record(mixed, tmp_path: Path, capsys) -> None:
+    root, _done, failed = _copy(mixed, tmp_path)
+    store = SweepStore(root)
+    for _ in range(2):
+        code, _out = _cli(capsys, "sweep", "run", str(root), "--no-progress", "--retry-failed")
+        assert code == 1
+    att = store.attempts(failed)
+    assert att["attempts"] == 3 and att["failures"] == 1
+    assert [h["failures"] for h in att["history"]] == [1, 1]
+    d = store.run_dir(failed)
+    assert sorted(p.name for p in d.glob("result.failed-*.json")) == ["result.failed-1.json", "result.failed-2.json"]
+    assert json.loads((d / "result.json").read_text())["status"] == "failed"

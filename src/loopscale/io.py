@@ -77,6 +77,21 @@ def remove_stale_temps(folder: str | Path, names: Iterable[str]) -> list[Path]:
     return removed
 
 
+def set_aside(path: str | Path) -> Path:
+    """Rename an unreadable ``path`` to ``<name>.corrupt-<time>``: kept for inspection, never read again."""
+    import time
+
+    path = Path(path)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    dest = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 1
+    while dest.exists():
+        n += 1
+        dest = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+    path.replace(dest)
+    return dest
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 

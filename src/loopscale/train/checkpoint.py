@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pickle
 import sys
-import time
 import warnings
 import zipfile
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 import torch
 
 from loopscale.errors import ConfigError
-from loopscale.io import atomic_save_torch, atomic_write_bytes, remove_stale_temps
+from loopscale.io import atomic_save_torch, atomic_write_bytes, remove_stale_temps, set_aside
 
 CKPT = "ckpt.pt"
 WEIGHTS = "model.safetensors"
@@ -93,18 +92,6 @@ def _read(path: Path) -> dict[str, Any]:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return (text[0] if text else "no message")[:160]
-
-
-def set_aside(path: Path) -> Path:
-    """Rename ``path`` to ``<name>.corrupt-<time>`` (kept for inspection; a rerun never reads it)."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    dest = path.with_name(f"{path.name}.corrupt-{stamp}")
-    n = 1
-    while dest.exists():
-        n += 1
-        dest = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
-    path.replace(dest)
-    return dest
 
 
 def tidy_finished(run_dir: Path, *, keep_checkpoint: bool) -> None:
