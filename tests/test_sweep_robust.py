@@ -245,3 +245,20 @@ def test_retry_failed_twice_keeps_every_failure_record(mixed, tmp_path: Path, ca
     d = store.run_dir(failed)
     assert sorted(p.name for p in d.glob("result.failed-*.json")) == ["result.failed-1.json", "result.failed-2.json"]
     assert json.loads((d / "result.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.parametrize(("table", "field"), [
+    ({"job_name": "loopscale\n#SBATCH --nodes=64"}, "slurm.job_name"),
+    ({"partition": "gpu\rrm -rf ~"}, "slurm.partition"),
+    ({"additional": {"mail-user": "me@x.org\necho injected"}}, "slurm.additional"),
+    ({"additional": {"exclusive\n#SBATCH --nodes": "64"}}, "slurm.additional"),
+], ids=["job_name", "partition", "additional value", "additional key"])
+def test_a_newline_in_a_slurm_setting_is_refused_in_one_line_naming_the_field(table: dict, field: str) -> None:
+    from loopscale.errors import ConfigError
+
+    spec = one_run_spec()
+    spec["slurm"] = table
+    with pytest.raises(ConfigError) as info:
+        spec_from_dict(spec, source="spec.toml")
+    msg = str(info.value)
+    assert msg.startswith(f"spec.toml: {field}: ") and "must be one line" in msg and "\n" not in msg and "\r" not in msg
