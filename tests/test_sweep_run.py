@@ -106,7 +106,7 @@ def test_sigkill_mid_run_then_restart_finishes_every_run_once_with_the_same_tabl
     df = pd.read_parquet(root / "runs.parquet")
     _spec, _store, straight = finished
     cols = [c for c in straight.columns if c not in ("wall_s", "attempts")]
-    pd.testing.assert_frame_equal(df[cols], straight[cols])  # bitwise the same losses
+    pd.testing.assert_frame_equal(df[cols], straight[cols], check_exact=True)  # bitwise: no tolerance
     events = store.events()
     done = [e["run_id"] for e in events if e["event"] == "done"]
     assert sorted(done) == sorted(straight["run_id"])  # every run finished exactly once

@@ -7,15 +7,24 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+#: the temporary file of ``atomic_write_bytes(folder / name)`` is ``folder/.<name>.<random>.tmp``
+TMP_SUFFIX = ".tmp"
+
+
+def _tmp_prefix(name: str) -> str:
+    return f".{name}."
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(path.name), suffix=TMP_SUFFIX, dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; results should be as readable as any file
         with os.fdopen(fd, "wb") as fh:
@@ -36,6 +45,51 @@ def _umask() -> int:
 
 
 _UMASK = _umask()
+
+
+def stale_temp_files(folder: str | Path, names: Iterable[str]) -> list[Path]:
+    """Temporary files ``atomic_write_bytes`` left in ``folder`` for the files ``names`` (a kill mid-write).
+
+    Only the writer's own pattern (``.<name>.<mkstemp letters>.tmp``) matches, never another ``.tmp``.
+    """
+    folder = Path(folder)
+    patterns = [re.compile(re.escape(_tmp_prefix(n)) + r"[A-Za-z0-9_]+" + re.escape(TMP_SUFFIX)) for n in names]
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return []
+    return sorted(p for p in entries if any(pat.fullmatch(p.name) for pat in patterns) and p.is_file())
+
+
+def remove_stale_temps(folder: str | Path, names: Iterable[str]) -> list[Path]:
+    """Delete what ``stale_temp_files`` finds (checkpoint temporaries are gigabytes at paper scale).
+
+    Call it only where no other process can be writing those files (the run's owner, at its start):
+    a live writer's temporary file looks the same. Returns the files removed.
+    """
+    removed = []
+    for p in stale_temp_files(folder, names):
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(p)
+    return removed
+
+
+def set_aside(path: str | Path) -> Path:
+    """Rename an unreadable ``path`` to ``<name>.corrupt-<time>``: kept for inspection, never read again."""
+    import time
+
+    path = Path(path)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    dest = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 1
+    while dest.exists():
+        n += 1
+        dest = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+    path.replace(dest)
+    return dest
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -25,6 +25,12 @@ class SweepIncomplete(LoopscaleError):
     exit_code = 1
 
 
+class SweepBusy(LoopscaleError):
+    """No run failed, but some are held by another live process and were not run (exit status 3)."""
+
+    exit_code = 3
+
+
 SPEC_HELP = "Spec TOML, a sweep dir (its spec.toml) or a preset name (e.g. demo, paper)."
 
 
@@ -172,7 +178,7 @@ def run(
         for rs in runs:
             st = store.state(rs.run_id)
             if st.status == "failed":
-                store.write_attempts(rs.run_id, {**st.attempts, "failures": 0, "retryable": True})
+                store.reset_failures(rs.run_id)
     err_console.print(f"sweep {spec.name}: {len(runs)} runs in {store.root}", highlight=False)
     if executor == "slurm":
         from loopscale.sweep import plan_row
@@ -206,10 +212,19 @@ def run(
                       f"`loopscale sweep collect {store.root}` writes the runs table", highlight=False)
     failed = summary.outcomes.get("failed", []) + summary.outcomes.get("gave-up", [])
     failed += [rid for rid in summary.outcomes.get("skipped", []) if store.state(rid).status == "failed"]
+    busy = summary.outcomes.get("busy", [])
+    if busy and failed:
+        from loopscale.sweep.local import busy_message
+
+        err_console.print(busy_message(store, busy), highlight=False, markup=False)
     if failed:
         more = ", ..." if len(failed) > 3 else ""
         raise SweepIncomplete(f"{len(failed)} run(s) failed ({', '.join(failed[:3])}{more}); errors in "
                               f"`loopscale sweep status {store.root}`; `--retry-failed` runs them again")
+    if busy:
+        from loopscale.sweep.local import busy_message
+
+        raise SweepBusy(busy_message(store, busy))
 
 
 @sweep_app.command("run-one", hidden=True)
@@ -240,7 +255,7 @@ def status(
     spec = load_spec(store.root)
     planned = store.planned()
     counts = dict.fromkeys(STATUSES, 0)
-    flops_total = flops_done = 0.0
+    flops_total = flops_done = flops_failed = 0.0
     t = Table(box=box.SIMPLE_HEAD)
     for col in ("run", "status", "step", "val loss", "attempts", "note"):
         t.add_column(col, justify="right" if col in ("step", "val loss", "attempts") else "left")
@@ -249,8 +264,10 @@ def status(
         counts[st.status] += 1
         f = plan_row(rs, spec).flops
         flops_total += f
-        if st.status in ("done", "diverged", "failed"):
+        if st.status in ("done", "diverged"):  # finished: neither runs again
             flops_done += f
+        elif st.status == "failed":
+            flops_failed += f
         if all_runs or st.status != "done":
             res = st.result or {}
             vl = res.get("val_loss")
@@ -259,16 +276,25 @@ def status(
                 note = f"{st.lock.get('host')} pid {st.lock.get('pid')}"
             if st.status == "queued" and st.lock:
                 note = f"job {st.lock.get('job_id')}"
+            if st.problem:
+                note = f"{note}; {st.problem}" if note else st.problem
             total = rs.config.total_steps()
             step = res.get("steps", st.step)
             t.add_row(rs.run_id, st.status, f"{step or 0}/{total}", f"{vl:.4f}" if vl is not None else "-",
                       str(st.attempts.get("attempts", 0)), note)
+    in_spec = {rs.run_id: rs for rs in spec.runs()}
+    unreadable = store.unreadable_plans()
+    for rid, problem in unreadable.items():  # not planned: its sweep.json cannot be read
+        counts["corrupt"] += 1
+        flops_total += plan_row(in_spec[rid], spec).flops if rid in in_spec else 0.0
+        t.add_row(rid, "corrupt", "-", "-", "-", problem)
     if t.row_count:
         console.print(t)
     summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
-    console.print(f"[bold]{store.root}:[/] {len(planned)} runs: {summary}; "
-                  f"{flops_done:.3g}/{flops_total:.3g} FLOPs ({100 * flops_done / max(flops_total, 1):.0f}%)",
-                  highlight=False)
+    failed_note = f", {flops_failed:.3g} in failed runs" if flops_failed else ""
+    console.print(f"[bold]{store.root}:[/] {len(planned) + len(unreadable)} runs: {summary}; "
+                  f"{flops_done:.3g}/{flops_total:.3g} FLOPs done ({100 * flops_done / max(flops_total, 1):.0f}%)"
+                  f"{failed_note}", highlight=False)
 
 
 @sweep_app.command()
@@ -278,6 +304,7 @@ def collect(
 ) -> None:
     """Write the runs table (runs.csv and runs.parquet) from the runs' result.json files."""
     from loopscale.sweep import open_store, runs_table, write_table
+    from loopscale.sweep.collect import corrupt_files
 
     store = open_store(sweep_dir)
     df, missing = runs_table(store)
@@ -288,3 +315,5 @@ def collect(
     if missing:
         console.print("not in the table (no result yet): " + ", ".join(f"{v} {k}" for k, v in missing.items()),
                       highlight=False)
+    for line in corrupt_files(store):
+        console.print(f"corrupt, not in the table: {line}", highlight=False, markup=False)

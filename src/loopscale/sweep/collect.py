@@ -23,11 +23,16 @@ EXTRA: tuple[str, ...] = ("val_loss_se", "L_eff", "layout", "injection", "bptt_k
 
 
 def runs_table(store: SweepStore) -> tuple[Any, dict[str, int]]:
-    """(DataFrame of runs with a result, counts of runs without one by status)."""
+    """(DataFrame of runs with a result, counts of runs without one by status).
+
+    Runs whose sweep.json or result.json cannot be read count as ``corrupt`` (``corrupt_files`` names them).
+    """
     import pandas as pd
 
     rows: list[dict[str, Any]] = []
     missing: dict[str, int] = {}
+    if store.unreadable_plans():
+        missing["corrupt"] = len(store.unreadable_plans())
     for rs in store.planned():
         st = store.state(rs.run_id)
         if st.result is None:
@@ -47,6 +52,16 @@ def runs_table(store: SweepStore) -> tuple[Any, dict[str, int]]:
     for col in ("C", "D", "val_loss", "val_loss_se", "flops_per_token", "wall_s", "flops", "tokens_per_param"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
     return df, missing
+
+
+def corrupt_files(store: SweepStore) -> list[str]:
+    """One line per run left out because a file of it cannot be read (sweep.json or result.json)."""
+    lines = list(store.unreadable_plans().values())
+    for rs in store.planned():
+        st = store.state(rs.run_id)
+        if st.status == "corrupt" and st.problem:
+            lines.append(st.problem)
+    return lines
 
 
 def write_table(df: Any, csv_path: Path) -> tuple[Path, Path]:

@@ -3,8 +3,9 @@
 Shared by every executor (in-process, subprocess, torchrun, SLURM task), so the rules are the same
 everywhere: a finished or diverged run is skipped; an interrupted one resumes from its checkpoint;
 a failed one is retried while ``failures <= max_retries`` (its old result.json is kept as
-``result.failed-<n>.json``); a user error (ConfigError, e.g. a budget too small for
-``run.min_steps``) is recorded as failed at once and never retried — it would fail the same way.
+``result.failed-<attempt>.json``); a user error (ConfigError, e.g. a budget too small for
+``run.min_steps``) is recorded as failed at once and never retried — it would fail the same way;
+an unreadable result.json is set aside (``result.json.corrupt-<time>``) and the run runs again.
 
 A multi-rank run (``WORLD_SIZE`` > 1: torchrun, one SLURM task per GPU) calls ``execute_run`` on
 every rank; rank 0 alone keeps the books and every rank returns the same outcome (see
@@ -18,6 +19,7 @@ import gc
 import json
 import math
 import os
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from loopscale.errors import ConfigError
-from loopscale.io import atomic_write_json
+from loopscale.io import atomic_write_json, set_aside
 from loopscale.sweep.store import RESULT, Lock, SweepStore
 
 #: outcomes of ``execute_run``
@@ -41,12 +43,28 @@ def runnable(store: SweepStore, run_id: str, max_retries: int) -> tuple[bool, st
     """Should an executor start this run now? (False, why) for finished, busy or exhausted runs."""
     st = store.state(run_id)
     if st.status in ("done", "diverged"):
+        tidy_finished_run(store, run_id)
         return False, st.status
     if st.status == "running":
         return False, "running elsewhere"
     if st.status == "failed" and (not st.retryable or st.failures > max_retries):
         return False, "failed"
     return True, st.status
+
+
+def tidy_finished_run(store: SweepStore, run_id: str) -> None:
+    """Remove a finished run's leftovers: ``ckpt.pt`` (unless the run keeps it) and atomic-write temporaries.
+
+    The trainer removes ``ckpt.pt`` right after ``result.json``; a kill in between left it, and executors
+    skip finished runs without calling the trainer. Failed runs keep theirs: a retry resumes from it.
+    """
+    from loopscale.train.checkpoint import tidy_finished
+
+    try:
+        keep = store.load_run(run_id).config.run.keep_checkpoint
+    except ConfigError:
+        return
+    tidy_finished(store.run_dir(run_id), keep_checkpoint=keep)
 
 
 def execute_run(store: SweepStore, run_id: str, *, max_retries: int, on_step: Callable[[int, int], None] | None = None,
@@ -109,7 +127,12 @@ def _begin(store: SweepStore, run_id: str, max_retries: int, *, executor: str,
         run_dir = store.run_dir(run_id)
         att = store.attempts(run_id)
         if st.status == "failed":  # a retry: keep the failed record beside the run
-            (run_dir / RESULT).replace(run_dir / f"result.failed-{att.get('failures', 0)}.json")
+            (run_dir / RESULT).replace(_failed_record_path(run_dir, int(att.get("attempts", 0))))
+        problem = store.unreadable_result(run_id)  # (this process holds the lock: state() says running)
+        if problem is not None:  # kept aside, and the run is run again (the same trajectory)
+            aside = set_aside(run_dir / RESULT)
+            store.event("corrupt", run_id, file=RESULT, moved_to=aside.name)
+            print(f"warning: {problem}; moved to {aside.name}, the run runs again", file=sys.stderr, flush=True)
         att["attempts"] = int(att.get("attempts", 0)) + 1
         store.write_attempts(run_id, att)
         store.event("start", run_id, attempt=att["attempts"], resume=(run_dir / "ckpt.pt").exists(),
@@ -118,6 +141,17 @@ def _begin(store: SweepStore, run_id: str, max_retries: int, *, executor: str,
         lock.release()
         raise
     return lock, att
+
+
+def _failed_record_path(run_dir: Path, attempt: int) -> Path:
+    """``result.failed-<attempt>.json``: numbered by the attempt that failed, which ``--retry-failed`` never
+    resets (the failure count it resets would overwrite earlier records); never an existing file."""
+    path = run_dir / f"result.failed-{attempt}.json"
+    n = 1
+    while path.exists():
+        n += 1
+        path = run_dir / f"result.failed-{attempt}-{n}.json"
+    return path
 
 
 def _step_hook(lock: Lock, on_step: Callable[[int, int], None] | None) -> Callable[[int, int], None]:

@@ -4,6 +4,7 @@
   ``execute_run`` (lock, attempts, failure records), and a failure never stops the rest;
 * ``isolate``: each run in its own ``python -m loopscale sweep run-one DIR RUN_ID`` subprocess
   (a crash or leak cannot touch the sweep process; its output goes to ``runs/<id>/worker.log``);
+  on Linux a worker gets SIGTERM when the sweep process dies, however it dies (``tethered``);
 * several GPUs: one subprocess per GPU (``CUDA_VISIBLE_DEVICES``), or with ``nproc_per_run = k``
   one ``torchrun --nproc-per-node k`` per group of k GPUs (DDP inside the run); each worker gets its
   slot's share of the cores (``slot_threads``).
@@ -28,7 +29,7 @@ from pydantic import Field
 from rich.console import Console
 
 from loopscale.config import StrictModel
-from loopscale.sweep.execute import execute_run, runnable
+from loopscale.sweep.execute import execute_run, runnable, tidy_finished_run
 from loopscale.sweep.progress import SweepProgress
 from loopscale.sweep.spec import RunSpec
 from loopscale.sweep.store import SweepStore, _last_step
@@ -171,6 +172,8 @@ def run_local(store: SweepStore, runs: list[RunSpec], flops: dict[str, float], *
                 or (st.status == "failed" and (not st.retryable or st.failures > max_retries))}
     for rid in finished:
         summary.add("skipped", rid)
+        if states[rid].status in ("done", "diverged"):
+            tidy_finished_run(store, rid)
     queue = collections.deque(rs.run_id for rs in runs if rs.run_id not in finished)
     steps = {rs.run_id: rs.config.total_steps() for rs in runs}
     prog = SweepProgress(console, total_runs=len(runs), total_flops=sum(flops.values()), done_runs=len(finished),
@@ -213,6 +216,41 @@ def _worker_cmd(store: SweepStore, run_id: str, max_retries: int, nproc: int) ->
     return [sys.executable, *tail]
 
 
+#: Run argv[2:] so that the kernel sends it SIGTERM when the process argv[1] (the sweep) dies: a killed
+#: sweep (even SIGKILL) must not leave a worker training a run that a rerun then reports as busy.
+#: PR_SET_PDEATHSIG (1) survives exec; a torchrun agent forwards the SIGTERM to its ranks; the trainer
+#: takes it as it takes any SIGTERM (checkpoint, then exit), so a rerun resumes the run.
+_TETHER = """\
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(128 + signal.SIGTERM)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def tethered(cmd: list[str], parent: int | None = None) -> list[str]:
+    """``cmd`` made to end with the process ``parent`` (default: this one); Linux only, else ``cmd``.
+
+    Through a tiny launcher that execs ``cmd`` rather than a ``preexec_fn``: nothing runs in the forked
+    child of a multi-threaded sweep process (the progress bars' thread) before exec.
+    """
+    if not sys.platform.startswith("linux"):
+        return cmd
+    return [sys.executable, "-c", _TETHER, str(os.getpid() if parent is None else parent), *cmd]
+
+
+def busy_message(store: SweepStore, run_ids: list[str]) -> str:
+    """One line naming runs another live process holds (host and pid of each lock)."""
+    held = []
+    for rid in run_ids:
+        lock = store.state(rid).lock or {}
+        held.append(f"{rid} ({lock.get('host', '?')} pid {lock.get('pid', '?')})" if lock else rid)
+    more = ", ..." if len(held) > 3 else ""
+    return (f"{len(run_ids)} run(s) busy in another live process, not run here: {', '.join(held[:3])}{more}; "
+            f"rerun when it ends (`loopscale sweep status {store.root}`)")
+
+
 def _run_subprocesses(store: SweepStore, queue: collections.deque, slots: list[dict[str, str]], summary: Summary,
                       prog: SweepProgress, flops: dict[str, float], steps: dict[str, int], max_retries: int,
                       nproc: int) -> None:
@@ -235,8 +273,8 @@ def _run_subprocesses(store: SweepStore, queue: collections.deque, slots: list[d
                     continue
                 store.run_dir(rid).mkdir(parents=True, exist_ok=True)
                 log = open(store.run_dir(rid) / "worker.log", "ab")  # noqa: SIM115  (closed when the worker ends)
-                proc = subprocess.Popen(_worker_cmd(store, rid, max_retries, nproc), env={**os.environ, **env},
-                                        stdout=log, stderr=subprocess.STDOUT)
+                cmd = tethered(_worker_cmd(store, rid, max_retries, nproc))
+                proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
                 active[i] = (proc, rid, log)
                 prog.start_run(rid, flops[rid], steps[rid], store.state(rid).step or 0)
             for i, (proc, rid, log) in list(active.items()):

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import submitit
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from loopscale.config import StrictModel, validate
 from loopscale.errors import ConfigError
@@ -82,6 +82,39 @@ class SlurmSettings(StrictModel):
     signal_delay_s: int = Field(120, gt=0, description="USR2 this long before the time limit")
     setup: list[str] = Field(default_factory=list, description="shell lines before the run, e.g. module load")
     additional: dict[str, Any] = Field(default_factory=dict, description="extra #SBATCH flags")
+
+    @field_validator("partition", "account", "qos", "constraint", "job_name")
+    @classmethod
+    def _one_line(cls, v: str | None) -> str | None:
+        """Each becomes one ``#SBATCH`` line: a newline would start another line of the job script."""
+        if v is not None and _breaks_line(v):
+            raise ValueError("must be one line (no newline or other control character): it becomes an #SBATCH line")
+        return v
+
+    @field_validator("additional")
+    @classmethod
+    def _one_line_flags(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key, val in v.items():
+            if any(_breaks_line(text) for text in (key, *_strings(val))):
+                raise ValueError(f"{key!r} must be one line (no newline or other control character): it becomes "
+                                 "an #SBATCH line")
+        return v
+
+
+def _breaks_line(text: str) -> bool:
+    """A control character (newline, carriage return, ...) other than a tab."""
+    return any((ord(c) < 32 and c != "\t") or ord(c) == 127 for c in text)
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string in a value (lists and tables included)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [t for k, v in value.items() for t in (*_strings(k), *_strings(v))]
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in _strings(v)]
+    return []
 
 
 def settings_from_spec(table: dict[str, Any], source: str, **overrides: Any) -> SlurmSettings:

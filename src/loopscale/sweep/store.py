@@ -8,6 +8,7 @@
           sweep.json       the run's grid coordinates and exact TrainConfig (written when planned)
           attempts.json    starts and failures so far, with the last errors
           lock.json        held while a process trains the run (pid, host; heartbeat = mtime)
+          lock.takeover    flock'ed while a process takes over a stale lock.json
           queued.json      SLURM job id while the run waits in a queue
       runs.csv, runs.parquet   `loopscale sweep collect`
 
@@ -15,6 +16,8 @@ Status (``RunState.status``), first match wins:
   done         result.json says ok
   diverged     result.json says diverged
   failed       result.json says failed (retried while failures <= max_retries)
+  corrupt      result.json cannot be read (``sweep run`` sets it aside and runs the run again); a run
+               dir whose sweep.json cannot be read is listed by ``unreadable_plans`` (not planned)
   running      lock.json held by a live process (same host: the pid is alive; other host: fresh heartbeat)
   queued       queued.json names a SLURM job (and no lock)
   interrupted  started before (ckpt.pt, config.toml or metrics) but not running: resumes from its checkpoint
@@ -28,6 +31,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,17 +44,28 @@ RESULT = "result.json"
 META = "sweep.json"
 ATTEMPTS = "attempts.json"
 LOCK = "lock.json"
+TAKEOVER = "lock.takeover"  # flock'ed while a process takes over a stale lock.json (empty, never removed)
 QUEUED = "queued.json"
 STALE_AFTER_S = 900.0  # a lock from another host with no heartbeat for this long is stale
 HEARTBEAT_S = 30.0
-STATUSES = ("done", "diverged", "failed", "running", "queued", "interrupted", "planned")
+STATUSES = ("done", "diverged", "failed", "corrupt", "running", "queued", "interrupted", "planned")
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
+    return _load_json(path)[0]
+
+
+def _load_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(the JSON object, None), (None, None) when there is no file, or (None, what is wrong with it)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as exc:
+        return None, f"unreadable ({type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''})"
+    if not isinstance(data, dict):
+        return None, f"unreadable (a JSON {type(data).__name__}, not an object)"
+    return data, None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -71,6 +86,7 @@ class RunState:
     attempts: dict[str, Any]
     lock: dict[str, Any] | None = None
     step: int | None = None
+    problem: str | None = None  # a status file that cannot be read (status corrupt, or a note)
 
     @property
     def failures(self) -> int:
@@ -84,8 +100,9 @@ class RunState:
 class Lock:
     """An exclusive claim on a run (a hard link, atomic); ``beat()`` refreshes its mtime as a heartbeat."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, text: str = "") -> None:
         self.path = path
+        self.text = text  # what this process wrote: release() removes only its own lock
         self._last = time.time()
 
     def beat(self, force: bool = False) -> None:
@@ -96,8 +113,27 @@ class Lock:
             self._last = now
 
     def release(self) -> None:
+        """Remove the lock, unless another process took it over (it judged this one stale)."""
         with contextlib.suppress(OSError):
-            self.path.unlink()
+            if not self.text or self.path.read_text(encoding="utf-8") == self.text:
+                self.path.unlink()
+
+
+@contextlib.contextmanager
+def _flocked(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created, never removed): the kernel frees it when we exit or die.
+
+    On a file system without ``flock`` this serialises nothing (docs/sweep.md, locks).
+    """
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
 
 
 class SweepStore:
@@ -146,14 +182,11 @@ class SweepStore:
                 atomic_write_json(d / META, meta)
 
     def planned(self) -> list[RunSpec]:
-        """The runs written by ``materialise``, in plan order (as listed by spec.toml when it exists)."""
-        if not self.runs_dir.is_dir():
-            return []
-        metas = []
-        for d in sorted(self.runs_dir.iterdir()):
-            m = _read_json(d / META)
-            if m is not None:
-                metas.append(RunSpec.from_meta(m, source=str(d / META)))
+        """The runs written by ``materialise``, in plan order (as listed by spec.toml when it exists).
+
+        A run dir whose sweep.json cannot be read is not here: ``unreadable_plans`` names it.
+        """
+        metas = [rs for rs in self._metas().values() if isinstance(rs, RunSpec)]
         order = {}
         if self.exists():
             from loopscale.sweep.spec import load_spec
@@ -162,15 +195,57 @@ class SweepStore:
                 order = {rs.run_id: i for i, rs in enumerate(load_spec(self.root).runs())}
         return sorted(metas, key=lambda rs: (order.get(rs.run_id, len(order)), rs.run_id))
 
+    def unreadable_plans(self) -> dict[str, str]:
+        """Run dirs whose sweep.json exists but cannot be read or validated: run id -> the problem.
+
+        ``sweep status`` and ``collect`` count and name them; ``sweep run`` rewrites them from the spec.
+        """
+        return {rid: m for rid, m in self._metas().items() if isinstance(m, str)}
+
+    def _metas(self) -> dict[str, RunSpec | str]:
+        """Every run dir's sweep.json: its RunSpec, or what is wrong with it (dirs without one are left out)."""
+        if not self.runs_dir.is_dir():
+            return {}
+        out: dict[str, RunSpec | str] = {}
+        for d in sorted(self.runs_dir.iterdir()):
+            path = d / META
+            m, problem = _load_json(path)
+            if m is not None:
+                try:
+                    out[d.name] = RunSpec.from_meta(m, source=str(path))
+                    continue
+                except (ConfigError, KeyError, TypeError, ValueError) as exc:
+                    problem = f"invalid ({str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__})"
+            if problem is not None:
+                out[d.name] = f"{self._rel(path)}: {problem}"
+        return out
+
+    def _rel(self, path: Path) -> str:
+        """``path`` relative to the sweep dir (short enough for a table's note), else as given."""
+        try:
+            return str(path.relative_to(self.root))
+        except ValueError:
+            return str(path)
+
     def load_run(self, run_id: str) -> RunSpec:
-        m = _read_json(self.run_dir(run_id) / META)
+        m, problem = _load_json(self.run_dir(run_id) / META)
         if m is None:
-            raise ConfigError("run_id", f"not planned in {self.root} (no {META})", value=run_id)
+            path = self.run_dir(run_id) / META
+            why = f"{path} is {problem}" if problem else f"not planned in {self.root} (no {META})"
+            raise ConfigError("run_id", why, value=run_id)
         return RunSpec.from_meta(m, source=str(self.run_dir(run_id) / META))
 
     # -- status --
     def attempts(self, run_id: str) -> dict[str, Any]:
         return _read_json(self.run_dir(run_id) / ATTEMPTS) or {"attempts": 0, "failures": 0, "errors": []}
+
+    def reset_failures(self, run_id: str) -> None:
+        """``--retry-failed``: a fresh set of retries; the old count and errors stay in ``history``."""
+        att = self.attempts(run_id)
+        past = {"time": time.time(), "failures": int(att.get("failures", 0)), "retryable": att.get("retryable", True),
+                "errors": list(att.get("errors", []))}
+        self.write_attempts(run_id, {**att, "failures": 0, "retryable": True,
+                                     "history": [*att.get("history", []), past]})
 
     def write_attempts(self, run_id: str, rec: dict[str, Any]) -> None:
         atomic_write_json(self.run_dir(run_id) / ATTEMPTS, rec)
@@ -178,19 +253,31 @@ class SweepStore:
     def state(self, run_id: str) -> RunState:
         d = self.run_dir(run_id)
         attempts = self.attempts(run_id)
-        result = _read_json(d / RESULT)
+        note = self._problem(d / ATTEMPTS)
+        result, bad = _load_json(d / RESULT)
         if result is not None:
             status = {"ok": "done", "diverged": "diverged"}.get(str(result.get("status")), "failed")
-            return RunState(run_id, status, result, attempts)
+            return RunState(run_id, status, result, attempts, problem=note)
         lock = self.live_lock(run_id)
         step = _last_step(d)
-        if lock is not None:
-            return RunState(run_id, "running", None, attempts, lock, step)
+        if lock is not None:  # a live process may be about to replace an unreadable result.json
+            return RunState(run_id, "running", None, attempts, lock, step, problem=note)
+        if bad is not None:
+            return RunState(run_id, "corrupt", None, attempts, None, step, problem=f"{self._rel(d / RESULT)}: {bad}")
         if (d / QUEUED).exists():
-            return RunState(run_id, "queued", None, attempts, _read_json(d / QUEUED), step)
+            return RunState(run_id, "queued", None, attempts, _read_json(d / QUEUED), step, problem=note)
         if any((d / f).exists() for f in ("ckpt.pt", "config.toml", "metrics.jsonl")):
-            return RunState(run_id, "interrupted", None, attempts, None, step)
-        return RunState(run_id, "planned", None, attempts)
+            return RunState(run_id, "interrupted", None, attempts, None, step, problem=note)
+        return RunState(run_id, "planned", None, attempts, problem=note)
+
+    def unreadable_result(self, run_id: str) -> str | None:
+        """What is wrong with the run's result.json, naming it; None when it is readable or absent."""
+        return self._problem(self.run_dir(run_id) / RESULT)
+
+    def _problem(self, path: Path) -> str | None:
+        """What is wrong with a status file, naming it; None when it is fine or absent."""
+        problem = _load_json(path)[1]
+        return None if problem is None else f"{self._rel(path)}: {problem}"
 
     # -- locks --
     def live_lock(self, run_id: str) -> dict[str, Any] | None:
@@ -215,23 +302,37 @@ class SweepStore:
         d = self.run_dir(run_id)
         d.mkdir(parents=True, exist_ok=True)
         path = d / LOCK
-        rec = {"pid": os.getpid(), "host": socket.gethostname(), "time": time.time(), **info}
+        text = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time(), **info})
         tmp = d / f".lock.{socket.gethostname()}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(rec), encoding="utf-8")
+        tmp.write_text(text, encoding="utf-8")
         try:
-            for _ in range(2):
-                try:
-                    os.link(tmp, path)  # atomic and exclusive (also on NFS): a lock is never half-written
-                except FileExistsError:
-                    if self.live_lock(run_id) is not None:
-                        return None
-                    with contextlib.suppress(OSError):
-                        path.unlink()  # stale: its process is gone
-                    continue
-                return Lock(path)
-            return None
+            try:
+                os.link(tmp, path)  # atomic and exclusive (also on NFS): a lock is never half-written
+                return Lock(path, text)
+            except FileExistsError:
+                pass
+            return Lock(path, text) if self._take_over(run_id, tmp, path) else None
         finally:
             tmp.unlink(missing_ok=True)
+
+    def _take_over(self, run_id: str, tmp: Path, path: Path) -> bool:
+        """Replace a stale lock with ``tmp``; False when a live process holds the run.
+
+        Check-dead-then-replace is not atomic by itself: two processes could both find the same lock
+        stale and both "take it over". So takeovers hold ``flock(lock.takeover)`` from the check to the
+        swap, and the swap is one ``rename`` over the stale lock (never absent, so no fresh ``link``
+        can slip in between). The flock dies with its holder: no stale takeover can block a run.
+        """
+        with _flocked(self.run_dir(run_id) / TAKEOVER):
+            try:
+                os.link(tmp, path)  # released meanwhile
+                return True
+            except FileExistsError:
+                pass
+            if self.live_lock(run_id) is not None:
+                return False
+            os.replace(tmp, path)
+            return True
 
     # -- queue (SLURM) --
     def mark_queued(self, run_id: str, job_id: str) -> None:

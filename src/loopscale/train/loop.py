@@ -201,6 +201,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, progress: bool = True,
     run_dir = Path(run_dir)
     done = read_result(run_dir)
     if done is not None and done.get("status") == "ok":
+        ck.tidy_finished(run_dir, keep_checkpoint=cfg.run.keep_checkpoint)  # a kill may have left ckpt.pt
         return done
     total_steps = cfg.check_length()
     dist, device = setup_dist(cfg.run.device)
@@ -252,7 +253,7 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
     opt = build_optimizers(model.param_groups(), cfg.optim, d_model=cfg.model.width,
                            tokens_per_step=tokens_per_step, total_tokens=cfg.lr_tokens(), r=cfg.model.r)
     start, last_loss = 0, float("nan")
-    state = ck.load_checkpoint(run_dir)
+    state = ck.load_checkpoint(run_dir, is_main=dist.is_main)
     if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optim"])

@@ -1,0 +1,264 @@
+"""Sweep edges: leftovers of finished runs, the stale-lock race, orphaned workers, corrupt files, failure history."""
+
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loopscale.sweep import prepare, run_sweep, spec_from_dict
+from loopscale.sweep.store import SweepStore
+from test_sweep_run import tiny_spec, write_spec
+
+
+def one_run_spec(**sweep) -> dict:
+    return tiny_spec(budgets=[2e9], r=[2], widths={"2e9": [16]}, **sweep)
+
+
+@pytest.fixture(scope="module")
+def one_done(tmp_path_factory: pytest.TempPathFactory):
+    """A finished one-run sweep: (spec, store, run_id)."""
+    spec = spec_from_dict(one_run_spec(), source="one.toml")
+    store = prepare(spec, tmp_path_factory.mktemp("sweep") / "sw")
+    assert run_sweep(spec, store, progress=False).count("done") == 1
+    return spec, store, spec.runs()[0].run_id
+
+
+def test_rerunning_a_sweep_removes_a_finished_runs_checkpoint_and_temporaries(one_done) -> None:
+    spec, store, rid = one_done
+    d = store.run_dir(rid)
+    (d / "ckpt.pt").write_bytes(b"left by a kill after result.json")
+    (d / ".ckpt.pt.k1ll3d_x.tmp").write_bytes(b"left by a kill mid-write")
+    (d / ".attempts.json.abcd1234.tmp").write_bytes(b"not the trainer's")
+    summary = run_sweep(spec, store, progress=False)
+    assert summary.outcomes == {"skipped": [rid]}
+    assert not (d / "ckpt.pt").exists() and not (d / ".ckpt.pt.k1ll3d_x.tmp").exists()
+    assert (d / ".attempts.json.abcd1234.tmp").exists() and (d / "model.safetensors").exists()
+    (d / ".attempts.json.abcd1234.tmp").unlink()
+
+
+def _claim(root: str, rid: str, delay: float, out) -> None:
+    """A child process: wait ``delay``, try to take the run's lock, report, hold it a while."""
+    import time
+
+    time.sleep(delay)
+    lock = SweepStore(root).try_lock(rid)
+    out.put((os.getpid(), lock is not None))
+    time.sleep(2.0)  # still alive while the other contender looks at the lock
+
+
+def test_two_processes_taking_over_the_same_stale_lock_never_both_win(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import multiprocessing
+    import socket
+    import time
+
+    store = SweepStore(tmp_path / "sw")
+    rid = "C2e+09_r2_d16_baseline_s0"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    store.run_dir(rid).mkdir(parents=True)
+    (store.run_dir(rid) / "lock.json").write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname()}))
+    assert store.live_lock(rid) is None  # stale: its process is gone
+    judged = SweepStore.live_lock
+
+    def slow_judge(self, run_id):  # widen the window between "it is stale" and acting on it
+        verdict = judged(self, run_id)
+        time.sleep(0.6)
+        return verdict
+
+    monkeypatch.setattr(SweepStore, "live_lock", slow_judge)
+    ctx = multiprocessing.get_context("fork")  # the children inherit the patch
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_claim, args=(str(store.root), rid, delay, out)) for delay in (0.0, 0.3)]
+    for p in procs:
+        p.start()
+    results = dict(out.get(timeout=30) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+    assert sorted(results.values()) == [False, True], results
+    winner = next(pid for pid, won in results.items() if won)
+    assert json.loads((store.run_dir(rid) / "lock.json").read_text())["pid"] == winner
+
+
+def test_releasing_a_lock_another_process_took_over_leaves_that_lock(tmp_path: Path) -> None:
+    store = SweepStore(tmp_path / "sw")
+    lock = store.try_lock("run")
+    assert lock is not None
+    theirs = json.dumps({"pid": 1, "host": "elsewhere", "time": 0.0})
+    lock.path.write_text(theirs)  # judged stale (e.g. a heartbeat gap) and taken over
+    lock.release()
+    assert lock.path.read_text() == theirs
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie nobody reaped counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the worker's tether uses Linux's prctl")
+def test_a_worker_stops_when_its_isolated_sweep_is_killed(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    spec = tiny_spec(budgets=[2e11], r=[2], widths={"2e11": [32]})  # hundreds of steps: still training when killed
+    spec_path = write_spec(tmp_path / "spec.toml", spec)
+    root = tmp_path / "sw"
+    parent = subprocess.Popen([sys.executable, "-m", "loopscale", "sweep", "run", str(spec_path), "--out", str(root),
+                               "--isolate", "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    store, worker = SweepStore(root), None
+    try:
+        t0 = time.time()
+        while worker is None:  # the worker holds the lock and has logged a step
+            assert parent.poll() is None, parent.communicate()
+            assert time.time() - t0 < 120
+            runs = list((root / "runs").glob("*/metrics.jsonl")) if (root / "runs").is_dir() else []
+            if runs and (lock := store.live_lock(runs[0].parent.name)) is not None:
+                worker = int(lock["pid"])
+            time.sleep(0.05)
+        assert worker != parent.pid
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        t0 = time.time()
+        while not _gone(worker) and time.time() - t0 < 30:
+            time.sleep(0.1)
+        assert _gone(worker), "the worker outlived its sweep"
+        rid = runs[0].parent.name
+        assert store.state(rid).status == "interrupted"  # it checkpointed and let go of the run
+        assert (store.run_dir(rid) / "ckpt.pt").exists()
+    finally:
+        if worker is not None and not _gone(worker):
+            os.kill(worker, signal.SIGKILL)
+        if parent.poll() is None:
+            parent.kill()
+
+
+def test_a_rerun_that_finds_a_run_busy_says_so_and_exits_3(tmp_path: Path, capsys) -> None:
+    import socket
+
+    from loopscale.cli import run_app
+
+    spec_path = write_spec(tmp_path / "spec.toml", one_run_spec())
+    root = tmp_path / "sw"
+    store = prepare(spec_from_dict(one_run_spec(), source=str(spec_path)), root)
+    rid = store.planned()[0].run_id
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (store.run_dir(rid) / "lock.json").write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname()}))
+        capsys.readouterr()
+        assert run_app(["sweep", "run", str(root), "--no-progress"]) == 3
+        err = capsys.readouterr().err
+        assert "1 run(s) busy" in err and rid in err and f"pid {holder.pid}" in err
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory):
+    """A finished sweep of one run done and one failed for good: (root, done id, failed id)."""
+    from loopscale.cli import run_app
+
+    base = tmp_path_factory.mktemp("mixed")
+    spec = one_run_spec(max_retries=0)
+    spec["sweep"]["variants"] = {"broken": {"run": {"fail_at_step": 3}, "r": [2]}}
+    spec_path = write_spec(base / "spec.toml", spec)
+    root = base / "sw"
+    assert run_app(["sweep", "run", str(spec_path), "--out", str(root), "--no-progress"]) == 1
+    states = {rs.run_id: SweepStore(root).state(rs.run_id).status for rs in SweepStore(root).planned()}
+    done = next(r for r, s in states.items() if s == "done")
+    failed = next(r for r, s in states.items() if s == "failed")
+    return root, done, failed
+
+
+def _copy(mixed, tmp_path: Path) -> tuple[Path, str, str]:
+    import shutil
+
+    root, done, failed = mixed
+    shutil.copytree(root, tmp_path / "sw")
+    return tmp_path / "sw", done, failed
+
+
+def _cli(capsys, *args: str) -> tuple[int, str]:
+    from loopscale.cli import run_app
+
+    capsys.readouterr()
+    code = run_app(list(args))
+    cap = capsys.readouterr()
+    return code, " ".join((cap.out + cap.err).split())  # rich may wrap table cells
+
+
+def test_sweep_status_counts_failed_runs_flops_apart_from_done(mixed, capsys) -> None:
+    from loopscale.sweep import load_spec, plan_row
+
+    root, done, failed = mixed
+    spec = load_spec(str(root))
+    flops = {rs.run_id: plan_row(rs, spec).flops for rs in spec.runs()}
+    code, out = _cli(capsys, "sweep", "status", str(root))
+    assert code == 0
+    total = flops[done] + flops[failed]
+    assert f"{flops[done]:.3g}/{total:.3g} FLOPs done" in out, out
+    assert f"{flops[failed]:.3g} in failed runs" in out
+
+
+def test_a_corrupt_sweep_json_is_counted_and_named_by_status_and_collect(mixed, tmp_path: Path, capsys) -> None:
+    root, done, _failed = _copy(mixed, tmp_path)
+    (root / "runs" / done / "sweep.json").write_text('{"run_id": "trunc')
+    code, out = _cli(capsys, "sweep", "status", str(root))
+    assert code == 0 and "2 runs:" in out and "1 corrupt" in out
+    assert f"runs/{done}/sweep.json: unreadable" in out
+    code, out = _cli(capsys, "sweep", "collect", str(root))
+    assert code == 0 and "1 corrupt" in out and f"corrupt, not in the table: runs/{done}/sweep.json" in out
+
+
+def test_a_corrupt_result_json_is_reported_then_set_aside_and_the_run_redone(mixed, tmp_path: Path, capsys) -> None:
+    root, done, _failed = _copy(mixed, tmp_path)
+    good = json.loads((root / "runs" / done / "result.json").read_text())
+    (root / "runs" / done / "result.json").write_text("{\"status\": \"ok\", \"val_lo")
+    code, out = _cli(capsys, "sweep", "status", str(root))
+    assert "1 corrupt" in out and f"runs/{done}/result.json: unreadable" in out
+    code, out = _cli(capsys, "sweep", "collect", str(root))
+    assert f"corrupt, not in the table: runs/{done}/result.json" in out
+    code, out = _cli(capsys, "sweep", "run", str(root), "--no-progress")
+    assert code == 1 and "moved to result.json.corrupt-" in out, out  # 1: the other run is failed
+    again = json.loads((root / "runs" / done / "result.json").read_text())
+    assert again["val_loss"] == good["val_loss"]  # redone from scratch: the same bits
+    assert len(list((root / "runs" / done).glob("result.json.corrupt-*"))) == 1
+
+
+def test_retry_failed_twice_keeps_every_failure_record(mixed, tmp_path: Path, capsys) -> None:
+    root, _done, failed = _copy(mixed, tmp_path)
+    store = SweepStore(root)
+    for _ in range(2):
+        code, _out = _cli(capsys, "sweep", "run", str(root), "--no-progress", "--retry-failed")
+        assert code == 1
+    att = store.attempts(failed)
+    assert att["attempts"] == 3 and att["failures"] == 1
+    assert [h["failures"] for h in att["history"]] == [1, 1]
+    d = store.run_dir(failed)
+    assert sorted(p.name for p in d.glob("result.failed-*.json")) == ["result.failed-1.json", "result.failed-2.json"]
+    assert json.loads((d / "result.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.parametrize(("table", "field"), [
+    ({"job_name": "loopscale\n#SBATCH --nodes=64"}, "slurm.job_name"),
+    ({"partition": "gpu\rrm -rf ~"}, "slurm.partition"),
+    ({"additional": {"mail-user": "me@x.org\necho injected"}}, "slurm.additional"),
+    ({"additional": {"exclusive\n#SBATCH --nodes": "64"}}, "slurm.additional"),
+], ids=["job_name", "partition", "additional value", "additional key"])
+def test_a_newline_in_a_slurm_setting_is_refused_in_one_line_naming_the_field(table: dict, field: str) -> None:
+    from loopscale.errors import ConfigError
+
+    spec = one_run_spec()
+    spec["slurm"] = table
+    with pytest.raises(ConfigError) as info:
+        spec_from_dict(spec, source="spec.toml")
+    msg = str(info.value)
+    assert msg.startswith(f"spec.toml: {field}: ") and "must be one line" in msg and "\n" not in msg and "\r" not in msg
