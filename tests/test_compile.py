@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -81,3 +82,50 @@ def test_errors_after_the_first_compiled_call_propagate() -> None:
     with pytest.raises(ConfigError):  # a bad r is the caller's error, not a reason to stop compiling
         whole(x, x, r=0)
     assert whole.mode == "model"
+
+
+# ---- DDP: the compiled wrapper under DistributedDataParallel with gradient accumulation ----------------
+def _ddp_worker(rank: int, world: int, port: int, out: str) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        _, model = _pair()
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        # aot_eager: dynamo and AOTAutograd as inductor sees them (DDP's graph split, the fused loss's
+        # autograd.Function), without inductor's slow C++ builds
+        step, _ = compile_for_training(ddp, model.blocks(), "model", torch.device("cpu"), backend="aot_eager")
+        xs = torch.randint(0, 257, (2 * world, 2, 65), generator=torch.Generator().manual_seed(1))
+        for i in (0, 1):  # two micro-batches: the first without gradient sync, as the trainer runs them
+            x = xs[rank * 2 + i]
+            with ddp.no_sync() if i == 0 else contextlib.nullcontext():
+                (step(x[:, :-1], x[:, 1:]) / 2).backward()
+        assert step.mode == "model"
+        torch.save({n: p.grad for n, p in model.named_parameters()}, f"{out}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_whole_compiled_model_under_ddp_averages_gradients_like_one_process(tmp_path) -> None:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_ddp_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    g0, g1 = (torch.load(tmp_path / f"rank{k}.pt") for k in (0, 1))
+    torch.manual_seed(0)
+    _, ref = _pair()
+    xs = torch.randint(0, 257, (4, 2, 65), generator=torch.Generator().manual_seed(1))
+    for x in xs:  # one process, all four micro-batches: the mean over ranks of each rank's mean
+        (ref(x[:, :-1], x[:, 1:]) / 4).backward()
+    for name, p in ref.named_parameters():
+        assert torch.equal(g0[name], g1[name]), name  # every rank holds the same averaged gradient
+        assert torch.allclose(g0[name], p.grad, rtol=1e-4, atol=1e-7), name
