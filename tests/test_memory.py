@@ -398,5 +398,5 @@ def test_cli_plan_prints_micro_batch_and_peak_columns(capsys: pytest.CaptureFixt
             'train.run.micro_batch="auto"']
     assert run_app([*argv, "--device-memory", "80GB"]) == 0
     out = capsys.readouterr().out
-    assert "micro" in out and "69.2 GB" in out and "memory: 80.0 GB per GPU" in out
+    assert "micro" in out and "68.7 GB" in out and "memory: 80.0 GB per GPU" in out
     assert run_app([*argv, "--device-memory", "lots"]) == 2

@@ -47,7 +47,7 @@ input (a d) and, over the *real* vocabulary V in fp32, tanh's output (softcap) a
 output, 4V each. Full BPTT keeps ``n_prelude + r n_recur + n_coda`` block applications and
 r recurrences; truncated BPTT ``n_prelude + k n_recur + n_coda`` and k (the rest run under no_grad).
 
-**L_bwd** (per token): the last block's squared-ReLU backward (4d + 2m a d); on the plain loss path
+**L_bwd** (per token): the last block's squared-ReLU backward (its gradient 2hg in place, m a d); on the plain loss path
 log-softmax's incoming and outgoing fp32 gradients (8V) where larger. The fused loss's temporaries
 come per micro-batch on top: while the forward computes it, one chunk's fp32 logits and softmax (``c``
 rows of ``LOSS_CHUNK_BYTES`` at most, (8 + 2) V bytes per row under autocast), the head's cast and its
@@ -208,7 +208,7 @@ def backward_transient_bytes(cfg: ModelConfig, rg: Regime) -> float:
     """L_bwd per token: the last squared-ReLU backward, or (plain loss, large vocabularies) log-softmax's
     two fp32 gradients."""
     d, m = cfg.width, cfg.mlp_ratio
-    block = 4 * d + 2 * m * rg.a * d
+    block = m * rg.a * d  # the squared ReLU's gradient, 2 h g, computed in place (model/layers.py)
     return float(block if rg.fused_loss else max(8 * cfg.vocab_size, block))
 
 
