@@ -5,7 +5,9 @@ The commands are discovered from the Typer/click tree, so a new command is cover
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -93,3 +95,39 @@ def test_no_arguments_print_the_help_without_a_traceback(capsys) -> None:
     for argv in ([], ["sweep"], ["tokenizer"]):
         code, text = _run(argv, capsys)
         assert code == 2 and "Traceback" not in text and "Usage" in text
+
+
+# ---- square brackets survive: rich markup must not eat error text, paths or help words -------------------------
+_TOKEN = re.compile(r"\[[^\[\]\n]+\]")
+
+
+def _help_texts(cmd: Any) -> list[str]:
+    texts = [cmd.help or ""] + [getattr(p, "help", None) or "" for p in cmd.params]
+    return [t.replace("\\[", "[") for t in texts]  # an escaped bracket renders as a bracket
+
+
+@pytest.mark.parametrize(("path", "cmd"), COMMANDS, ids=_ids(COMMANDS))
+def test_help_keeps_every_bracketed_word(path, cmd, capsys, monkeypatch) -> None:
+    code, text = _run([*path, "--help"], capsys)
+    assert code == 0
+    flat = " ".join(re.sub(r"[│╭╮╰╯─]+", " ", text).split())
+    for help_text in _help_texts(cmd):
+        for token in _TOKEN.findall(" ".join(help_text.split())):
+            assert token in flat, f"{token!r} lost from `loopscale {' '.join(path)} --help`"
+
+
+def test_an_error_with_brackets_is_printed_verbatim(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "spec [run x].toml"
+    bad.write_text("[run]\nstepz = 3\n")
+    code, text = _run(["train", str(bad)], capsys)
+    assert code == 2
+    assert f"{bad} + --set" in text or f"{bad}:" in text
+    assert "[run x]" in text and "run.stepz: unknown key" in text
+
+
+def test_a_sweep_spec_error_keeps_its_bracketed_tables(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "spec.toml"
+    bad.write_text("[sweep]\nname = 'x'\nbudgets = [1e9]\nr = [1]\n[swep]\nx = 1\n")
+    code, text = _run(["sweep", "plan", str(bad), "--no-calibrate"], capsys)
+    assert code == 2
+    assert "expected [sweep], [train], [local], [slurm], [fit]" in " ".join(text.split())

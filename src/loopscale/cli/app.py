@@ -22,10 +22,12 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-# Tables stay readable when piped (rich falls back to 80 columns without a terminal).
+# Tables stay readable when piped (rich falls back to 80 columns without a terminal). Markup is off by
+# default: paths, run ids and error text hold square brackets (``spec.toml [run x]``) that rich would eat;
+# the few styled lines pass ``markup=True`` and escape what they interpolate.
 _width = None if sys.stdout.isatty() else 200
-console = Console(width=_width)
-err_console = Console(stderr=True, width=_width)
+console = Console(width=_width, markup=False)
+err_console = Console(stderr=True, width=_width, markup=False)
 _state = {"debug": False}
 
 
@@ -68,9 +70,9 @@ def _show_click_error(exc: Exception) -> int:
         exc.show()  # type: ignore[attr-defined]  # the help text itself
         return 2
     msg = " ".join(str(exc.format_message()).split()) or type(exc).__name__  # type: ignore[attr-defined]
-    err_console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(msg)}", markup=True, highlight=False, soft_wrap=True)
     if isinstance(exc, _click_types("UsageError")):
-        err_console.print(escape(_usage_hint(exc)), highlight=False, soft_wrap=True, style="dim")
+        err_console.print(_usage_hint(exc), highlight=False, soft_wrap=True, style="dim")
         return 2
     return int(getattr(exc, "exit_code", 1) or 1)
 
@@ -83,7 +85,7 @@ def run_app(argv: list[str] | None = None) -> int:
     except LoopscaleError as err:
         if debug:
             raise
-        err_console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(str(err))}", markup=True, highlight=False, soft_wrap=True)
         return int(getattr(err, "exit_code", 2))
     except KeyboardInterrupt:
         err_console.print("interrupted; rerun the same command to resume")

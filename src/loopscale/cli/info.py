@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from loopscale import accounting, grids
@@ -99,7 +100,7 @@ def _lr_table(fields: dict[str, Any], optim: Any) -> Table:
 
 @app.command()
 def info(
-    config: Path | None = typer.Argument(None, help="Training config or [model] table (default: paper s=10)."),
+    config: Path | None = typer.Argument(None, help=escape("Training config or [model] table (default: paper s=10).")),
     set_: list[str] = typer.Option([], "--set", help="Override, e.g. --set model.r=4 --set model.s=6"),
     grid: str | None = typer.Option(None, "--grid", help="Whole grid: 'paper' (116 runs, and the probes' widths)."),
     budget: float | None = typer.Option(None, "--budget", "-C", help="FLOP budget C for tokens D = C/F."),
@@ -110,7 +111,7 @@ def info(
     """Print the layout, N_once / N_rec / N_emb, FLOPs per token, tokens for a budget and the run's learning rates.
 
     The learning rates (per optimiser group, after the paper's width / batch / data transfer rules) are shown
-    whenever the run's length is known: a [run] budget, tokens or steps in CONFIG, or --budget.
+    whenever the run's length is known: run.budget, run.tokens or run.steps in CONFIG, or --budget.
     """
     lr_fields: dict[str, Any] | None = None
     tcfg = None

@@ -10,6 +10,7 @@ from typing import Any
 
 import typer
 from rich import box
+from rich.markup import escape
 from rich.table import Table
 
 from loopscale.cli.app import app, console, err_console
@@ -96,27 +97,27 @@ def plan(
     console.print(t)
     warned = [row for row in p.rows if row.warnings]
     if warned:
-        console.print(f"[bold yellow]{len(warned)} warning(s):[/]")
+        console.print(f"[bold yellow]{len(warned)} warning(s):[/]", markup=True)
         for row in warned:
             for w in row.warnings:
                 console.print(f"  {row.run.run_id}: {w}", highlight=False, markup=False)
     per_variant = ", ".join(f"{k} {v}" for k, v in p.by_variant().items())
-    console.print(f"[bold]total:[/] {len(p.rows)} runs ({per_variant}), {p.total_flops:.4g} FLOPs, "
-                  f"{sum(r.tokens for r in p.rows):.4g} tokens", highlight=False)
+    console.print(f"[bold]total:[/] {len(p.rows)} runs ({escape(per_variant)}), {p.total_flops:.4g} FLOPs, "
+                  f"{sum(r.tokens for r in p.rows):.4g} tokens", markup=True, highlight=False)
     if p.memory_note:
-        console.print(f"[bold]memory:[/] {p.memory_note}", highlight=False)
+        console.print(f"[bold]memory:[/] {escape(p.memory_note)}", markup=True, highlight=False)
     if p.total_s is None and p.calibration_note:
-        console.print(f"[bold]estimated time:[/] - ({p.calibration_note})", highlight=False)
+        console.print(f"[bold]estimated time:[/] - ({escape(p.calibration_note)})", markup=True, highlight=False)
     if p.total_s is not None:
         star = "; * = extrapolated" if any(r.est_kind == "extrapolated" for r in p.rows) else ""
-        console.print(f"[bold]estimated time:[/] {_dur(p.total_s)} one run at a time ({p.calibration_note}{star})",
-                      highlight=False)
+        console.print(f"[bold]estimated time:[/] {_dur(p.total_s)} one run at a time "
+                      f"({escape(p.calibration_note + star)})", markup=True, highlight=False)
     if spec.executors.get("slurm"):
         from loopscale.sweep.slurm import settings_from_spec
 
         s = settings_from_spec(spec.executors["slurm"], spec.source)
         console.print(f"[bold]SLURM:[/] ~{p.total_flops / s.flops_per_gpu / 3600:.0f} GPU-hours at "
-                      f"{s.flops_per_gpu:.3g} FLOP/s per GPU (\\[slurm] flops_per_gpu)", highlight=False)
+                      f"{s.flops_per_gpu:.3g} FLOP/s per GPU (\\[slurm] flops_per_gpu)", markup=True, highlight=False)
     if csv is not None:
         import pandas as pd
 
@@ -145,7 +146,8 @@ def run(
     out: Path | None = typer.Option(None, "--out", "-o", help="Sweep dir (default sweeps/<name>, or SPEC_OR_DIR)."),
     executor: str = typer.Option("local", "--executor", "-e", help="local or slurm."),
     max_retries: int | None = typer.Option(None, "--max-retries", help="Retries of a failed run (default: spec)."),
-    isolate: bool = typer.Option(False, "--isolate", help="Each run in its own subprocess (or [local] isolate)."),
+    isolate: bool = typer.Option(False, "--isolate",
+                                 help=escape("Each run in its own subprocess (or [local] isolate).")),
     gpus: str | None = typer.Option(None, "--gpus", help="GPU ids for local slots, e.g. 0,1,2,3 (default: all); "
                                     "positions in CUDA_VISIBLE_DEVICES when it is set."),
     nproc_per_run: int | None = typer.Option(None, "--nproc-per-run", help="torchrun processes (GPUs) per run."),
@@ -266,9 +268,9 @@ def status(
     if t.row_count:
         console.print(t)
     summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
-    console.print(f"[bold]{store.root}:[/] {len(planned)} runs: {summary}; "
+    console.print(f"[bold]{escape(str(store.root))}:[/] {len(planned)} runs: {summary}; "
                   f"{flops_done:.3g}/{flops_total:.3g} FLOPs ({100 * flops_done / max(flops_total, 1):.0f}%)",
-                  highlight=False)
+                  markup=True, highlight=False)
 
 
 @sweep_app.command()

@@ -6,13 +6,14 @@ import os
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from loopscale.cli.app import app, console
 
 
 @app.command()
 def train(
-    config: Path | None = typer.Argument(None, help="TOML/YAML with [model] [data] [optim] [run] tables."),
+    config: Path | None = typer.Argument(None, help=escape("TOML/YAML with [model] [data] [optim] [run] tables.")),
     set_: list[str] = typer.Option([], "--set", help="Dotted override, e.g. --set optim.matrix_lr=0.02"),
     out: Path | None = typer.Option(None, "--out", "-o", help="Run dir (default runs/<layout>-d<width>)."),
     print_config: bool = typer.Option(False, "--print-config", help="Print the resolved config and exit."),

@@ -444,6 +444,7 @@ class _progress_bar:
     def __init__(self, enabled: bool, total: int, start: int, name: str) -> None:
         self.enabled = enabled
         if enabled:
+            from rich.markup import escape
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
             from loopscale.cli.app import err_console
@@ -451,7 +452,7 @@ class _progress_bar:
             self._p = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                                TextColumn("{task.completed}/{task.total}"), TextColumn("loss {task.fields[loss]}"),
                                TimeRemainingColumn(), console=err_console, transient=True)
-            self._task = self._p.add_task(name, total=total, completed=start, loss="-")
+            self._task = self._p.add_task(escape(name), total=total, completed=start, loss="-")
 
     def __enter__(self) -> _progress_bar:
         if self.enabled:
