@@ -9,13 +9,23 @@ import typer
 from rich.markup import escape
 
 from loopscale.cli.app import app, console
+from loopscale.errors import LoopscaleError
+
+
+class RunNotOk(LoopscaleError):
+    """The run ended diverged (recorded in result.json): exit status 1, as a failed run."""
+
+    exit_code = 1
 
 
 @app.command()
 def train(
     config: Path | None = typer.Argument(None, help=escape("TOML/YAML with [model] [data] [optim] [run] tables.")),
     set_: list[str] = typer.Option([], "--set", help="Dotted override, e.g. --set optim.matrix_lr=0.02"),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Run dir (default runs/<layout>-d<width>)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Run dir (default runs/r<r>-d<width>-s<seed>-<hash>, "
+                                    "the hash of the resolved config: another config never reuses it)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Discard the run in --out (finished or not, of any "
+                                   "config) and train afresh."),
     print_config: bool = typer.Option(False, "--print-config", help="Print the resolved config and exit."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
 ) -> None:
@@ -25,6 +35,7 @@ def train(
     from loopscale.train import load_train_config
     from loopscale.train.config import describe_length
     from loopscale.train.loop import train as run_training
+    from loopscale.train.rundir import default_run_dir
 
     cfg = load_train_config(config, set_)
     if print_config:
@@ -33,8 +44,8 @@ def train(
         console.print(f"# {length['steps']} steps, {length['tokens']:.4g} tokens, {length['flops']:.4g} FLOPs, "
                       f"{length['tokens_per_param']:.1f} tokens/param", markup=False, highlight=False)
         return
-    run_dir = out or Path("runs") / f"r{cfg.model.r}-d{cfg.model.width}-s{cfg.run.seed}"
-    res = run_training(cfg, run_dir, progress=not no_progress)
+    run_dir = out or default_run_dir(cfg)
+    res = run_training(cfg, run_dir, progress=not no_progress, overwrite=overwrite)
     if int(os.environ.get("RANK", "0")) == 0:
         vl = res.get("val_loss")
         console.print(
@@ -44,3 +55,6 @@ def train(
         )
         console.print(f"  {res['steps']} steps, {res['D']:.4g} tokens, {res['flops']:.4g} FLOPs, "
                       f"{res['wall_s']:.1f} s", highlight=False)
+    if res["status"] != "ok":
+        raise RunNotOk(f"{run_dir}: the run {res['status']} ({res.get('error', '')}); recorded in "
+                       f"{run_dir / 'result.json'}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from loopscale import accounting
 from loopscale.config import ModelConfig, StrictModel, apply_overrides, load_mapping, validate
@@ -17,8 +17,9 @@ from loopscale.optim import OptimConfig
 class RunConfig(StrictModel):
     """Length, batch, evaluation, checkpoints and hardware of one run."""
 
-    budget: float | None = Field(None, gt=0, description="FLOP budget C; tokens D = C / F (accounting)")
-    tokens: float | None = Field(None, gt=0, description="training tokens D (instead of budget)")
+    budget: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                 description="FLOP budget C; tokens D = C / F (accounting)")
+    tokens: float | None = Field(None, gt=0, allow_inf_nan=False, description="training tokens D (instead of budget)")
     steps: int | None = Field(None, gt=0, description="optimiser steps (instead of budget or tokens)")
     batch_size: int = Field(32, gt=0, description="rows of T tokens per optimiser step, all ranks together")
     micro_batch: Annotated[int, Field(gt=0)] | Literal["auto"] | None = Field(
@@ -62,6 +63,10 @@ class RunConfig(StrictModel):
 
 
 DEFAULT_STEPS = 200
+# Sanity bounds on a run's length: a typo'd exponent (budget = 1e40) is refused, not started. 1e15 tokens is
+# ~30x the largest published LM training sets; 1e9 steps is years at a millisecond per step.
+MAX_STEPS = 10**9
+MAX_TOKENS = 1e15
 DEFAULT_MODEL: dict[str, Any] = {
     "d_model": 64, "head_dim": 16, "L_eff": 12, "n_prelude": 2, "n_coda": 2, "r": 4,
     "seq_len": 256, "vocab_size": 257,
@@ -73,6 +78,11 @@ class TrainConfig(StrictModel):
     data: DataConfig = Field(default_factory=DataConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     run: RunConfig = Field(default_factory=lambda: RunConfig(steps=DEFAULT_STEPS))
+    _source: str | None = PrivateAttr(None)  # the file (+ --set) it came from, for errors raised later
+
+    @property
+    def source(self) -> str | None:
+        return self._source
 
     @property
     def tokens_per_step(self) -> int:
@@ -106,7 +116,18 @@ class TrainConfig(StrictModel):
                            total_tokens=self.lr_tokens(), r=self.model.r)
 
     def check_length(self) -> int:
+        """The run's steps, refused when too short for a meaningful loss or too long to ever finish."""
         steps = self.total_steps()
+        tokens = steps * self.tokens_per_step
+        if steps > MAX_STEPS or tokens > MAX_TOKENS:
+            what = "budget" if self.run.budget else ("tokens" if self.run.tokens else "steps")
+            raise ConfigError(
+                f"run.{what}",
+                f"gives {steps:.3g} steps, {tokens:.3g} tokens: beyond any run that could finish (limits: "
+                f"{MAX_STEPS:.0e} steps, {MAX_TOKENS:.0e} tokens, ~30x the largest published LM training set); "
+                "check the exponent",
+                value=getattr(self.run, what),
+            )
         if steps < self.run.min_steps:
             what = "budget" if self.run.budget else ("tokens" if self.run.tokens else "steps")
             f = accounting.train_flops_per_token(self.model)
@@ -148,6 +169,10 @@ def load_train_config(path: str | Path | None = None, overrides: list[str] | Non
 
 def train_config_from_dict(data: dict[str, Any], source: str = "config") -> TrainConfig:
     """Defaults <- a mapping of [model] [data] [optim] [run] tables (a sweep builds one per run)."""
+    for name in ("model", "data", "optim", "run"):
+        if name in data and not isinstance(data[name], dict):
+            raise ConfigError(name, f"expected a table ([{name}] in the file, or --set {name}.KEY=VALUE)",
+                              value=data[name], source=source)
     user_model = dict(data.get("model") or {})
     model = dict(DEFAULT_MODEL)
     if "s" in user_model or "d_model" in user_model:
@@ -157,7 +182,9 @@ def train_config_from_dict(data: dict[str, Any], source: str = "config") -> Trai
     if not any(k in run for k in ("budget", "tokens", "steps")):
         run["steps"] = DEFAULT_STEPS
     merged = {**data, "model": model, "run": run}
-    return validate(TrainConfig, merged, source=source)
+    cfg = validate(TrainConfig, merged, source=source)
+    cfg._source = source
+    return cfg
 
 
 def describe_length(cfg: TrainConfig) -> dict[str, Any]:

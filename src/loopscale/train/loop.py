@@ -17,12 +17,11 @@ import math
 import signal
 import time
 import traceback
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-import tomli_w
 import torch
 
 from loopscale import accounting, memory
@@ -31,6 +30,7 @@ from loopscale.io import append_jsonl, atomic_write_json, atomic_write_text, rea
 from loopscale.model import LoopedLM
 from loopscale.optim import build_optimizers
 from loopscale.train import checkpoint as ck
+from loopscale.train import rundir
 from loopscale.train.batches import TokenData, load_token_data
 from loopscale.train.config import TrainConfig
 from loopscale.train.hardware import (
@@ -103,18 +103,17 @@ def read_result(run_dir: Path) -> dict[str, Any] | None:
 
 
 def _config_text(cfg: TrainConfig) -> str:
-    return tomli_w.dumps(cfg.as_toml_dict())
+    return rundir.config_text(cfg)
 
 
 def _prepare_dir(run_dir: Path, cfg: TrainConfig, is_main: bool) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    text = _config_text(cfg)
-    cfg_path = run_dir / ck.CONFIG
-    if cfg_path.exists() and (run_dir / ck.CKPT).exists() and cfg_path.read_text(encoding="utf-8") != text:
-        raise ConfigError("--out", f"{run_dir} holds a checkpoint of a different config; use a new dir",
-                          value=str(run_dir))
-    if is_main:
-        atomic_write_text(cfg_path, text)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        rundir.check_run_dir(run_dir, cfg)  # again: another process may have written it meanwhile
+        if is_main:
+            atomic_write_text(run_dir / ck.CONFIG, _config_text(cfg))
+    except OSError as exc:
+        raise ConfigError("--out", f"cannot write the run dir: {exc.strerror or exc}", value=str(run_dir)) from None
 
 
 def evaluate_loss(model: torch.nn.Module, rows: torch.Tensor, *, micro_batch: int, device: torch.device,
@@ -191,38 +190,88 @@ def result_fields(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def train(cfg: TrainConfig, run_dir: str | Path, *, progress: bool = True,
-          on_step: Any = None) -> dict[str, Any]:
+          on_step: Any = None, overwrite: bool = False) -> dict[str, Any]:
     """Run (or resume, or return the finished) training run in ``run_dir``. Returns result.json's dict.
 
+    A run dir holding a different config is refused (``rundir.check_run_dir``) unless ``overwrite``, which
+    discards what the dir holds and trains afresh. The data is loaded and checked before anything is written.
     Raises RunInterrupted on SIGTERM/SIGINT (after checkpointing) and TrainingFailed when the run
     raised (after recording it). ``on_step(step, total)`` is called after every step (sweep progress).
     """
     run_dir = Path(run_dir)
-    done = read_result(run_dir)
-    if done is not None and done.get("status") == "ok":
-        return done
-    total_steps = cfg.check_length()
-    dist, device = setup_dist(cfg.run.device)
-    threads = setup_threads(cfg.run.threads, dist)
-    _prepare_dir(run_dir, cfg, dist.is_main)
-    t_start = time.time()
+    with _named(cfg):
+        if overwrite:
+            rundir.check_out_path(run_dir)
+        else:
+            rundir.check_run_dir(run_dir, cfg)
+            done = read_result(run_dir)
+            if done is not None and done.get("status") == "ok":
+                return done
+        total_steps = cfg.check_length()
+        dist, device = setup_dist(cfg.run.device)
+        threads = setup_threads(cfg.run.threads, dist)
+        t_start = time.time()
+        try:
+            data = _load_data(cfg)
+        except LoopscaleError:
+            raise  # nothing written: the run dir is made only for data that loads
+        except Exception as exc:
+            _record_failure(run_dir, cfg, exc, t_start, dist.is_main, prepare=True)
+        if overwrite and dist.is_main:
+            rundir.clear_run_dir(run_dir)
+        if overwrite and dist.world > 1:
+            torch.distributed.barrier()
+        _prepare_dir(run_dir, cfg, dist.is_main)
     try:
-        return _train(cfg, run_dir, total_steps, dist, device, threads, t_start, progress, on_step)
+        with _named(cfg):
+            return _train(cfg, run_dir, total_steps, dist, device, threads, t_start, progress, on_step, data)
     except (RunInterrupted, KeyboardInterrupt):
         raise
     except LoopscaleError:
         raise
     except Exception as exc:
-        if dist.is_main:
-            record = {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
-                      "traceback": traceback.format_exc(), **result_fields(cfg),
-                      "wall_s": time.time() - t_start, "versions": versions()}
-            atomic_write_json(run_dir / RESULT, record)
-        raise TrainingFailed(f"{run_dir}: run failed: {type(exc).__name__}: {exc}") from exc
+        _record_failure(run_dir, cfg, exc, t_start, dist.is_main)
+
+
+@contextmanager
+def _named(cfg: TrainConfig) -> Iterator[None]:
+    """Config errors raised without a file (data, length, memory) name the config they came from."""
+    try:
+        yield
+    except ConfigError as err:
+        if err.source is None and cfg.source and not err.field.startswith("--"):  # --out is no file's
+            raise err.with_source(cfg.source) from None
+        raise
+
+
+def _record_failure(run_dir: Path, cfg: TrainConfig, exc: Exception, t_start: float, is_main: bool,
+                    prepare: bool = False) -> NoReturn:
+    """Write result.json status 'failed' (error and traceback) and raise TrainingFailed."""
+    if is_main:
+        if prepare:
+            _prepare_dir(run_dir, cfg, is_main)
+        record = {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
+                  "traceback": traceback.format_exc(), **result_fields(cfg),
+                  "wall_s": time.time() - t_start, "versions": versions()}
+        atomic_write_json(run_dir / RESULT, record)
+    raise TrainingFailed(f"{run_dir}: run failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _load_data(cfg: TrainConfig) -> TokenData:
+    """The run's token data, checked against the model's vocabulary."""
+    data: TokenData = load_token_data(cfg.data, cfg.model.seq_len)
+    if cfg.model.vocab_size < data.tokenizer.vocab_size:
+        raise ConfigError("model.vocab_size", f"smaller than the tokenizer's vocabulary "
+                          f"({data.tokenizer.vocab_size})", value=cfg.model.vocab_size)
+    max_id = data.max_id  # from the cache's meta.json: no scan of the mapped rows in every rank
+    if max_id >= cfg.model.vocab_size:
+        raise ConfigError("model.vocab_size", f"the data holds token id {max_id}; set vocab_size > {max_id} "
+                          "(tokenizer and data do not match)", value=cfg.model.vocab_size)
+    return data
 
 
 def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device: torch.device,
-           threads: int, t_start: float, progress: bool, on_step: Any) -> dict[str, Any]:
+           threads: int, t_start: float, progress: bool, on_step: Any, data: TokenData) -> dict[str, Any]:
     run = cfg.run
     B = run.batch_size
     if B % dist.world:
@@ -234,14 +283,6 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
         raise ConfigError("run.micro_batch", f"must divide the {per_rank} rows per process", value=micro)
     n_micro = per_rank // micro
 
-    data: TokenData = load_token_data(cfg.data, cfg.model.seq_len)
-    if cfg.model.vocab_size < data.tokenizer.vocab_size:
-        raise ConfigError("model.vocab_size", f"smaller than the tokenizer's vocabulary "
-                          f"({data.tokenizer.vocab_size})", value=cfg.model.vocab_size)
-    max_id = data.max_id  # from the cache's meta.json: no scan of the mapped rows in every rank
-    if max_id >= cfg.model.vocab_size:
-        raise ConfigError("model.vocab_size", f"the data holds token id {max_id}; set vocab_size > {max_id} "
-                          "(tokenizer and data do not match)", value=cfg.model.vocab_size)
     val_rows = data.val_rows(run.val_tokens)
 
     torch.manual_seed(run.seed)

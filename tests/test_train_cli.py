@@ -1,0 +1,194 @@
+"""`loopscale train` / `info` / `tokenizer train` at the edges a new user meets first: stale run dirs,
+one-line errors instead of tracebacks, non-zero exits for runs that did not finish, nothing written on errors."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import tomli_w
+
+from conftest import TINY_DATA, TINY_MODEL
+from loopscale.cli import run_app
+from loopscale.train import load_train_config
+
+TINY = {
+    "model": {**TINY_MODEL, "r": 2},
+    "data": TINY_DATA,
+    "optim": {"transfer": False},
+    "run": {"steps": 6, "batch_size": 8, "threads": 1, "val_tokens": 4096, "min_steps": 5, "log_every": 2},
+}
+
+
+def tiny_toml(tmp_path: Path, name: str = "tiny.toml") -> Path:
+    p = tmp_path / name
+    p.write_text(tomli_w.dumps(TINY))
+    return p
+
+
+def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code = run_app(["train", *argv] if argv and argv[0].endswith(".toml") else argv)
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def one_line_error(code: int, text: str, expected_code: int = 2) -> str:
+    assert code == expected_code, text
+    assert "Traceback" not in text
+    errors = [ln for ln in text.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1, text
+    return errors[0]
+
+
+# ---- item 3: a run dir belongs to one config ---------------------------------------------------------------------
+def test_default_run_dirs_differ_per_config_and_help_shows_the_name(tmp_path, capsys, monkeypatch) -> None:
+    from loopscale.train.rundir import default_run_dir
+
+    cfg = tiny_toml(tmp_path)
+    a, b = load_train_config(cfg), load_train_config(cfg, ["optim.lr_scale=10"])
+    assert default_run_dir(a) != default_run_dir(b)
+    assert default_run_dir(a) == default_run_dir(load_train_config(cfg))  # stable: a rerun resumes
+    assert re.fullmatch(r"r2-d32-s0-[0-9a-f]{8}", default_run_dir(a).name)
+    code, text = cli(["train", "--help"], capsys)
+    assert code == 0 and "runs/r<r>-d<width>-s<seed>-<hash>" in " ".join(text.replace("│", " ").split())
+
+    monkeypatch.chdir(tmp_path)
+    assert cli([str(cfg)], capsys)[0] == 0
+    assert cli([str(cfg), "--set", "optim.lr_scale=10"], capsys)[0] == 0
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted([default_run_dir(a).name,
+                                                                           default_run_dir(b).name])
+
+
+def test_a_finished_run_dir_refuses_another_config_naming_fields_and_the_way_out(tmp_path, capsys) -> None:
+    cfg, out = tiny_toml(tmp_path), tmp_path / "run"
+    assert cli([str(cfg), "--out", str(out)], capsys)[0] == 0
+    mtime = (out / "result.json").stat().st_mtime_ns
+    for sets in (["optim.lr_scale=10"], ["run.steps=8"]):
+        line = one_line_error(*cli([str(cfg), "--out", str(out), *[f"--set={s}" for s in sets]], capsys))
+        field = sets[0].split("=")[0]
+        assert f"{field}: " in line and "--overwrite" in line and "new --out" in line
+    assert cli([str(cfg), "--out", str(out)], capsys)[0] == 0  # the same config: its result, not retrained
+    assert (out / "result.json").stat().st_mtime_ns == mtime
+    code, _ = cli([str(cfg), "--out", str(out), "--set", "optim.lr_scale=2", "--overwrite"], capsys)
+    assert code == 0
+    assert "lr_scale = 2" in (out / "config.toml").read_text()
+
+
+def test_an_unfinished_run_dir_of_another_config_is_refused_too(tmp_path, capsys) -> None:
+    cfg, out = tiny_toml(tmp_path), tmp_path / "run"
+    out.mkdir()
+    (out / "config.toml").write_text(tomli_w.dumps(load_train_config(cfg, ["model.r=1"]).as_toml_dict()))
+    line = one_line_error(*cli([str(cfg), "--out", str(out)], capsys))
+    assert "model.r: 1 -> 2" in line
+    assert not (out / "metrics.jsonl").exists()
+
+
+# ---- item 4: one line, not a traceback -----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("sets", "expect"),
+    [
+        (["run.steps=null", "run.budget=inf"], "run.budget: Input should be a finite number"),
+        (["run.steps=null", "run.tokens=nan"], "run.tokens: Input should be a finite number"),
+        (["model=3"], "model: expected a table"),
+        (["run.steps=null", "run.budget=1e30"], "run.budget: gives"),
+        (["run.steps=null", "run.budget=1e40"], "beyond any run that could finish"),
+        (["run.steps=1000000000000"], "run.steps: gives"),
+        (["run.stepz=3"], "run.stepz: unknown key (did you mean 'steps'?)"),
+    ],
+)
+def test_bad_values_are_one_line(tmp_path, capsys, sets, expect) -> None:
+    out = tmp_path / "run"
+    line = one_line_error(*cli([str(tiny_toml(tmp_path)), "--out", str(out), *[f"--set={s}" for s in sets]], capsys))
+    assert expect in line
+    assert not out.exists()
+
+
+def test_a_config_that_is_not_utf8_is_one_line(tmp_path, capsys) -> None:
+    bad = tmp_path / "latin1.toml"
+    bad.write_bytes("[run]\nsteps = 6 # caf\xe9\n".encode("latin-1"))
+    line = one_line_error(*cli([str(bad)], capsys))
+    assert str(bad) in line and "not UTF-8" in line
+    spec = tmp_path / "spec.toml"
+    spec.write_bytes(b"[sweep]\nname = '\xff'\n")
+    line = one_line_error(*cli(["sweep", "plan", str(spec), "--no-calibrate"], capsys))
+    assert str(spec) in line and "not UTF-8" in line
+
+
+def test_out_naming_a_file_or_an_unwritable_place_is_one_line(tmp_path, capsys, monkeypatch) -> None:
+    cfg = tiny_toml(tmp_path)
+    line = one_line_error(*cli([str(cfg), "--out", str(cfg)], capsys))
+    assert "--out: is an existing file" in line
+    line = one_line_error(*cli([str(cfg), "--out", str(cfg / "run")], capsys))
+    assert "--out:" in line and "is a file" in line
+
+    def refuse(self, *a, **k):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", refuse)  # root may write anywhere: simulate a read-only place
+    line = one_line_error(*cli([str(cfg), "--out", str(tmp_path / "ro" / "run")], capsys))
+    assert "--out: cannot write the run dir: Permission denied" in line
+
+
+# ---- item 5: smaller ----------------------------------------------------------------------------------------------
+def test_a_diverged_run_exits_non_zero_and_keeps_its_record(tmp_path, capsys, monkeypatch) -> None:
+    import math
+
+    from loopscale.model import LoopedLM
+
+    forward = LoopedLM.forward
+    monkeypatch.setattr(LoopedLM, "forward", lambda self, idx, targets=None, **kw:
+                        forward(self, idx, targets, **kw) * math.nan)
+    out = tmp_path / "run"
+    code, text = cli([str(tiny_toml(tmp_path)), "--out", str(out)], capsys)
+    line = one_line_error(code, text, expected_code=1)
+    assert "diverged" in line
+    import json
+
+    assert json.loads((out / "result.json").read_text())["status"] == "diverged"
+
+
+def test_a_sweep_budget_typo_is_an_unknown_key_with_a_suggestion(tmp_path, capsys) -> None:
+    spec = tmp_path / "spec.toml"
+    spec.write_text("[sweep]\nname = 'x'\nbudget = [1e9]\nr = [1]\n")
+    line = one_line_error(*cli(["sweep", "plan", str(spec), "--no-calibrate"], capsys))
+    assert "sweep.budget: unknown key (did you mean 'budgets'?)" in line
+
+
+def test_tokenizer_train_on_empty_or_tiny_text_is_an_error_and_writes_nothing(tmp_path, capsys) -> None:
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "tiny.txt").write_text("ab\n")
+    for name in ("empty.txt", "tiny.txt"):
+        out = tmp_path / f"{name}.json"
+        line = one_line_error(*cli(["tokenizer", "train", str(tmp_path / name), "--out", str(out)], capsys))
+        assert "nothing written" in line
+        assert not out.exists()
+
+
+def test_a_data_error_names_the_config_and_writes_no_run_dir(tmp_path, capsys) -> None:
+    cfg, out = tiny_toml(tmp_path), tmp_path / "run"
+    line = one_line_error(*cli([str(cfg), "--out", str(out), "--set", "data.text_dir='/nonexistent/x'"], capsys))
+    assert line.startswith(f"error: {cfg} + --set: data.text_dir")
+    line = one_line_error(*cli([str(cfg), "--out", str(out), "--set", "model.vocab_size=200"], capsys))
+    assert line.startswith(f"error: {cfg} + --set: model.vocab_size")
+    assert not out.exists()
+
+
+def test_info_and_train_resolve_the_same_config(tmp_path, capsys) -> None:
+    import json
+
+    from loopscale.accounting import train_flops_per_token
+    from loopscale.cli.info import config_run
+    from loopscale.train.config import describe_length
+
+    partial = tmp_path / "partial.toml"  # a partial [model]: the defaults decide the layout
+    partial.write_text("[model]\nr = 2\n[run]\nsteps = 30\n")
+    for path in (tiny_toml(tmp_path), partial):
+        train_cfg = load_train_config(path)
+        assert config_run(path, [], None, None) == train_cfg
+        assert run_app(["info", str(path), "--json"]) == 0
+        row = json.loads(capsys.readouterr().out)[0]
+        length = describe_length(train_cfg)
+        assert row["layout"] == train_cfg.model.layout and row["d_model"] == train_cfg.model.width
+        assert row["flops_per_token"] == train_flops_per_token(train_cfg.model)
+        assert row["steps"] == length["steps"] and row["tokens"] == length["tokens"]
