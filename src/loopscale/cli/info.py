@@ -75,7 +75,7 @@ TABLES = ("model", "data", "optim", "run")
 def config_run(config: Path, set_: list[str], budget: float | None, tokens_per_step: int | None) -> Any:
     """The TrainConfig `loopscale train CONFIG --set ...` resolves (``train_config_from_dict``, its defaults),
     with --budget replacing the run's length and --tokens-per-step its batch; a bare [model] table is allowed."""
-    from loopscale.train.config import train_config_from_dict
+    from loopscale.train.config import config_source, train_config_from_dict
 
     data = load_mapping(config)
     if not set(data) & set(TABLES) and set(data) <= set(ModelConfig.model_fields):
@@ -83,7 +83,7 @@ def config_run(config: Path, set_: list[str], budget: float | None, tokens_per_s
     extra = []
     if budget is not None:
         extra += ["run.steps=null", "run.tokens=null", f"run.budget={budget!r}"]
-    source = str(config) + (" + --set" if set_ else "")
+    source = config_source(config, set_)
     tcfg = train_config_from_dict(apply_overrides(data, [*set_, *extra]), source)
     if tokens_per_step is not None:
         extra.append(f"run.batch_size={max(1, tokens_per_step // tcfg.model.seq_len)}")

@@ -33,7 +33,7 @@ def train(
     import tomli_w
 
     from loopscale.train import load_train_config
-    from loopscale.train.config import describe_length
+    from loopscale.train.config import config_source, describe_length
     from loopscale.train.loop import train as run_training
     from loopscale.train.rundir import default_run_dir
 
@@ -45,7 +45,8 @@ def train(
                       f"{length['tokens_per_param']:.1f} tokens/param", markup=False, highlight=False)
         return
     run_dir = out or default_run_dir(cfg)
-    res = run_training(cfg, run_dir, progress=not no_progress, overwrite=overwrite)
+    res = run_training(cfg, run_dir, progress=not no_progress, overwrite=overwrite,
+                       source=config_source(config, set_))
     if int(os.environ.get("RANK", "0")) == 0:
         vl = res.get("val_loss")
         console.print(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import Field, model_validator
 
 from loopscale import accounting
 from loopscale.config import ModelConfig, StrictModel, apply_overrides, load_mapping, validate
@@ -78,11 +78,6 @@ class TrainConfig(StrictModel):
     data: DataConfig = Field(default_factory=DataConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     run: RunConfig = Field(default_factory=lambda: RunConfig(steps=DEFAULT_STEPS))
-    _source: str | None = PrivateAttr(None)  # the file (+ --set) it came from, for errors raised later
-
-    @property
-    def source(self) -> str | None:
-        return self._source
 
     @property
     def tokens_per_step(self) -> int:
@@ -156,15 +151,17 @@ def _drop_none(obj: Any) -> Any:
 
 def load_train_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """Defaults <- file <- --set overrides, validated with one-line errors naming file and field."""
-    data: dict[str, Any] = {}
-    source = "defaults"
-    if path is not None:
-        data = load_mapping(path)
-        source = str(path)
+    data: dict[str, Any] = load_mapping(path) if path is not None else {}
     if overrides:
         data = apply_overrides(data, overrides)
-        source = f"{source} + --set" if path else "--set"
-    return train_config_from_dict(data, source)
+    return train_config_from_dict(data, config_source(path, overrides))
+
+
+def config_source(path: str | Path | None, overrides: list[str] | None = None) -> str:
+    """How errors name a config: ``my.toml``, ``my.toml + --set``, ``--set`` or ``defaults``."""
+    if path is None:
+        return "--set" if overrides else "defaults"
+    return f"{path} + --set" if overrides else str(path)
 
 
 def train_config_from_dict(data: dict[str, Any], source: str = "config") -> TrainConfig:
@@ -182,9 +179,7 @@ def train_config_from_dict(data: dict[str, Any], source: str = "config") -> Trai
     if not any(k in run for k in ("budget", "tokens", "steps")):
         run["steps"] = DEFAULT_STEPS
     merged = {**data, "model": model, "run": run}
-    cfg = validate(TrainConfig, merged, source=source)
-    cfg._source = source
-    return cfg
+    return validate(TrainConfig, merged, source=source)
 
 
 def describe_length(cfg: TrainConfig) -> dict[str, Any]:

@@ -190,16 +190,17 @@ def result_fields(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def train(cfg: TrainConfig, run_dir: str | Path, *, progress: bool = True,
-          on_step: Any = None, overwrite: bool = False) -> dict[str, Any]:
+          on_step: Any = None, overwrite: bool = False, source: str | None = None) -> dict[str, Any]:
     """Run (or resume, or return the finished) training run in ``run_dir``. Returns result.json's dict.
 
     A run dir holding a different config is refused (``rundir.check_run_dir``) unless ``overwrite``, which
-    discards what the dir holds and trains afresh. The data is loaded and checked before anything is written.
+    discards what the dir holds and trains afresh. The data is loaded and checked before anything is written;
+    ``source`` (the config file) names config errors raised here without one (data, length, memory).
     Raises RunInterrupted on SIGTERM/SIGINT (after checkpointing) and TrainingFailed when the run
     raised (after recording it). ``on_step(step, total)`` is called after every step (sweep progress).
     """
     run_dir = Path(run_dir)
-    with _named(cfg):
+    with _named(source):
         if overwrite:
             rundir.check_out_path(run_dir)
         else:
@@ -223,7 +224,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, progress: bool = True,
             torch.distributed.barrier()
         _prepare_dir(run_dir, cfg, dist.is_main)
     try:
-        with _named(cfg):
+        with _named(source):
             return _train(cfg, run_dir, total_steps, dist, device, threads, t_start, progress, on_step, data)
     except (RunInterrupted, KeyboardInterrupt):
         raise
@@ -234,13 +235,13 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, progress: bool = True,
 
 
 @contextmanager
-def _named(cfg: TrainConfig) -> Iterator[None]:
+def _named(source: str | None) -> Iterator[None]:
     """Config errors raised without a file (data, length, memory) name the config they came from."""
     try:
         yield
     except ConfigError as err:
-        if err.source is None and cfg.source and not err.field.startswith("--"):  # --out is no file's
-            raise err.with_source(cfg.source) from None
+        if err.source is None and source and not err.field.startswith("--"):  # --out is no file's
+            raise err.with_source(source) from None
         raise
 
 
