@@ -192,3 +192,42 @@ def test_info_and_train_resolve_the_same_config(tmp_path, capsys) -> None:
         assert row["layout"] == train_cfg.model.layout and row["d_model"] == train_cfg.model.width
         assert row["flops_per_token"] == train_flops_per_token(train_cfg.model)
         assert row["steps"] == length["steps"] and row["tokens"] == length["tokens"]
+
+
+# ---- item 6: progress in a log file -------------------------------------------------------------------------------
+PROGRESS = re.compile(r"^step (\d+)/(\d+) \(\d+%\) loss \d+\.\d{4} \| [\d,]+ tok/s \| elapsed \S+ \| ETA \S+$")
+
+
+def _steps(text: str) -> list[int]:
+    return [int(m.group(1)) for m in map(PROGRESS.match, text.splitlines()) if m]
+
+
+def test_train_prints_progress_lines_when_not_on_a_terminal(tmp_path, capsys) -> None:
+    cfg = tiny_toml(tmp_path)
+    code, text = cli([str(cfg), "--out", str(tmp_path / "a"), "--set", "run.steps=20"], capsys)
+    assert code == 0
+    assert _steps(text) == list(range(1, 21)), text  # default: every 5 % of the run
+    assert "final evaluation on" in text
+    code, text = cli([str(cfg), "--out", str(tmp_path / "b"), "--set", "run.steps=20", "--progress-every", "8"],
+                     capsys)
+    assert _steps(text) == [8, 16, 20]
+    code, text = cli([str(cfg), "--out", str(tmp_path / "c"), "--no-progress"], capsys)
+    assert code == 0 and not _steps(text)
+
+
+def test_eval_of_one_run_reports_its_stages_and_progress_on_stderr(tmp_path, capsys) -> None:
+    run = tmp_path / "run"
+    assert cli([str(tiny_toml(tmp_path)), "--out", str(run)], capsys)[0] == 0
+    assert run_app(["eval", str(run), "--tasks", "bio_qa,dyck", "--limit", "4", "--batch-size", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "loading model.safetensors" in err and "prepared bio_qa (4 items)" in err and "prepared dyck" in err
+    assert re.search(r"r=2: \d+/\d+ sequences \(100%\)", err)
+
+
+def test_eval_of_a_truncated_weights_file_is_one_line(tmp_path, capsys) -> None:
+    run = tmp_path / "run"
+    assert cli([str(tiny_toml(tmp_path)), "--out", str(run)], capsys)[0] == 0
+    weights = run / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    line = one_line_error(*cli(["eval", str(run), "--tasks", "dyck", "--limit", "2"], capsys))
+    assert str(weights) in line and "damaged or truncated" in line

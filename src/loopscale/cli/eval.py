@@ -158,11 +158,22 @@ def eval_(
                         TextColumn("{task.completed}/{task.total}"), TimeRemainingColumn(), console=err_console,
                         transient=True)
     bars: dict[str, Any] = {}
+    live = err_console.is_terminal  # bars on a terminal; plain lines in a log file or a pipe
+    shown: dict[str, int] = {}
 
     def on_progress(name: str, done: int, total: int) -> None:
-        if name not in bars:
-            bars[name] = progress.add_task(escape(name), total=total)  # the column renders markup
-        progress.update(bars[name], completed=done, total=total)
+        if live:
+            if name not in bars:
+                bars[name] = progress.add_task(escape(name), total=total)  # the column renders markup
+            progress.update(bars[name], completed=done, total=total)
+            return
+        tenth = max(1, total // 10)
+        if done == total or done // tenth > shown.get(name, 0) // tenth:
+            err_console.print(f"{name}: {done}/{total} sequences ({100 * done / max(total, 1):.0f}%)", highlight=False)
+        shown[name] = done
+
+    def log(msg: str) -> None:
+        progress.console.print(msg, highlight=False)
 
     def on_run(ref: Any, i: int, n: int) -> None:
         if n > 1:
@@ -173,7 +184,7 @@ def eval_(
     with progress:
         result = evaluate_path(path, tasks, r_values=r_values, all_runs=all_runs, out_dir=out, data_dir=data_dir,
                                shots=_shots(shots), limit=limit, batch_size=batch_size, device=device,
-                               dtype=dtype, use_cache=not force, progress=on_progress, on_run=on_run)
+                               dtype=dtype, use_cache=not force, progress=on_progress, on_run=on_run, log=log)
     for note in result["notes"]:
         err_console.print(f"note: {note}", highlight=False)
     if as_json:

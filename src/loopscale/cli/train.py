@@ -27,7 +27,10 @@ def train(
     overwrite: bool = typer.Option(False, "--overwrite", help="Discard the run in --out (finished or not, of any "
                                    "config) and train afresh."),
     print_config: bool = typer.Option(False, "--print-config", help="Print the resolved config and exit."),
-    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
+    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar (nor progress lines)."),
+    progress_every: int | None = typer.Option(None, "--progress-every", min=1, help="Without a terminal (a log "
+                                              "file, a batch job): a progress line every N steps (default: "
+                                              "every 5% of the run)."),
 ) -> None:
     """Train one looped model; rerunning the same command resumes an interrupted run."""
     import tomli_w
@@ -46,7 +49,7 @@ def train(
         return
     run_dir = out or default_run_dir(cfg)
     res = run_training(cfg, run_dir, progress=not no_progress, overwrite=overwrite,
-                       source=config_source(config, set_))
+                       source=config_source(config, set_), progress_every=progress_every)
     if int(os.environ.get("RANK", "0")) == 0:
         vl = res.get("val_loss")
         console.print(

@@ -190,12 +190,14 @@ def result_fields(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def train(cfg: TrainConfig, run_dir: str | Path, *, progress: bool = True,
-          on_step: Any = None, overwrite: bool = False, source: str | None = None) -> dict[str, Any]:
+          on_step: Any = None, overwrite: bool = False, source: str | None = None,
+          progress_every: int | None = None) -> dict[str, Any]:
     """Run (or resume, or return the finished) training run in ``run_dir``. Returns result.json's dict.
 
     A run dir holding a different config is refused (``rundir.check_run_dir``) unless ``overwrite``, which
     discards what the dir holds and trains afresh. The data is loaded and checked before anything is written;
     ``source`` (the config file) names config errors raised here without one (data, length, memory).
+    ``progress``: a bar on a terminal, else a plain line every ``progress_every`` steps (default 5 % of the run).
     Raises RunInterrupted on SIGTERM/SIGINT (after checkpointing) and TrainingFailed when the run
     raised (after recording it). ``on_step(step, total)`` is called after every step (sweep progress).
     """
@@ -225,7 +227,8 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, progress: bool = True,
         _prepare_dir(run_dir, cfg, dist.is_main)
     try:
         with _named(source):
-            return _train(cfg, run_dir, total_steps, dist, device, threads, t_start, progress, on_step, data)
+            return _train(cfg, run_dir, total_steps, dist, device, threads, t_start, (progress, progress_every),
+                          on_step, data)
     except (RunInterrupted, KeyboardInterrupt):
         raise
     except LoopscaleError:
@@ -272,8 +275,10 @@ def _load_data(cfg: TrainConfig) -> TokenData:
 
 
 def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device: torch.device,
-           threads: int, t_start: float, progress: bool, on_step: Any, data: TokenData) -> dict[str, Any]:
+           threads: int, t_start: float, progress_opts: tuple[bool, int | None], on_step: Any,
+           data: TokenData) -> dict[str, Any]:
     run = cfg.run
+    progress, progress_every = progress_opts
     B = run.batch_size
     if B % dist.world:
         raise ConfigError("run.batch_size", f"must be divisible by the {dist.world} processes", value=B)
@@ -319,7 +324,8 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
         torch.cuda.reset_peak_memory_stats(device)
     diverge_at = 2.0 * math.log(cfg.model.vocab_size) + 1.0
 
-    bar = _progress_bar(progress and dist.is_main, total_steps, start, run_dir.name)
+    bar = _progress_bar(progress and dist.is_main, total_steps, start, run_dir.name, every=progress_every,
+                        tokens_per_step=tokens_per_step)
     tracker = make_tracker(run.track if dist.is_main else "none", run_dir, cfg.as_toml_dict())
     status, val_loss, val_se = "ok", float("nan"), float("nan")
     t_log, tokens_since = time.time(), 0
@@ -395,6 +401,7 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
             if start < total_steps and dist.is_main:
                 ck.save_checkpoint(run_dir, model=model, optimizers=opt, step=total_steps,
                                    extra={"wall_s": time.time() - t_start, "train_loss": last_loss})
+            bar.note(f"final evaluation on {val_rows.size(0) * (val_rows.size(1) - 1):,} validation tokens")
             try:
                 val_loss, val_se = val_loss_stats(model, val_rows, micro_batch=val_micro, device=device,
                                                   dtype=dtype, dist_world=dist.world, rank=dist.rank,
@@ -481,30 +488,68 @@ def _jsonl(rec: dict[str, Any]) -> str:
 
 
 class _progress_bar:
-    """A rich progress bar with loss and ETA (no-op when disabled)."""
+    """Progress of a run on stderr: a rich bar with loss and ETA on a terminal; elsewhere (a log file, a pipe,
+    a batch job) a plain line every ``every`` steps (default: every 5 % of the run) with the step, loss,
+    tokens/s and ETA, as people tail logs. No-op when disabled."""
 
-    def __init__(self, enabled: bool, total: int, start: int, name: str) -> None:
-        self.enabled = enabled
-        if enabled:
+    def __init__(self, enabled: bool, total: int, start: int, name: str, *, every: int | None = None,
+                 tokens_per_step: int = 0) -> None:
+        from loopscale.cli.app import err_console
+
+        self.enabled, self.total, self.start, self.done = enabled, total, start, start
+        self.live = enabled and err_console.is_terminal
+        self.every = max(1, every or -(-total // 20))
+        self.tokens_per_step = tokens_per_step
+        self._console = err_console
+        self._t0 = self._t_last = time.time()
+        self._last_step = start
+        if self.live:
             from rich.markup import escape
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-            from loopscale.cli.app import err_console
 
             self._p = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                                TextColumn("{task.completed}/{task.total}"), TextColumn("loss {task.fields[loss]}"),
                                TimeRemainingColumn(), console=err_console, transient=True)
             self._task = self._p.add_task(escape(name), total=total, completed=start, loss="-")
+        elif enabled:
+            resumed = f", resuming at step {start}" if start else ""
+            self._say(f"{name}: {total} steps of {tokens_per_step:,} tokens{resumed}; a line every {self.every} steps")
 
     def __enter__(self) -> _progress_bar:
-        if self.enabled:
+        if self.live:
             self._p.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self.enabled:
+        if self.live:
             self._p.__exit__(*exc)
 
     def advance(self, loss: float) -> None:
-        if self.enabled:
+        self.done += 1
+        if self.live:
             self._p.update(self._task, advance=1, loss=f"{loss:.3f}")
+        elif self.enabled and (self.done % self.every == 0 or self.done == self.total):
+            self._say(self.line(loss, time.time()))
+
+    def line(self, loss: float, now: float) -> str:
+        """``step 40/200 (20%) loss 3.215 | 51,200 tok/s | elapsed 12s | ETA 48s``."""
+        steps = self.done - self._last_step
+        window = max(now - self._t_last, 1e-9)
+        per_step = (now - self._t0) / max(self.done - self.start, 1)
+        self._t_last, self._last_step = now, self.done
+        return (f"step {self.done}/{self.total} ({100 * self.done / max(self.total, 1):.0f}%) loss {loss:.4f} | "
+                f"{steps * self.tokens_per_step / window:,.0f} tok/s | elapsed {_hms(now - self._t0)} | "
+                f"ETA {_hms(per_step * (self.total - self.done))}")
+
+    def note(self, text: str) -> None:
+        """A stage worth a line in a log (the final evaluation can take minutes)."""
+        if self.enabled and not self.live:
+            self._say(text)
+
+    def _say(self, text: str) -> None:
+        self._console.print(text, highlight=False, markup=False, soft_wrap=True)
+
+
+def _hms(seconds: float) -> str:
+    s = round(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else (f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
