@@ -51,7 +51,7 @@ def test_default_run_dirs_differ_per_config_and_help_shows_the_name(tmp_path, ca
     assert default_run_dir(a) == default_run_dir(load_train_config(cfg))  # stable: a rerun resumes
     assert re.fullmatch(r"r2-d32-s0-[0-9a-f]{8}", default_run_dir(a).name)
     code, text = cli(["train", "--help"], capsys)
-    assert code == 0 and "runs/r<r>-d<width>-s<seed>-<hash>" in "".join(text.replace("│", " ").split())
+    assert code == 0 and "runs/r<r>-d<d>-s<seed>-<hash>" in text  # whole, not cut at 80 columns
 
     monkeypatch.chdir(tmp_path)
     assert cli([str(cfg)], capsys)[0] == 0

@@ -22,8 +22,9 @@ class RunNotOk(LoopscaleError):
 def train(
     config: Path | None = typer.Argument(None, help=escape("TOML/YAML with [model] [data] [optim] [run] tables.")),
     set_: list[str] = typer.Option([], "--set", help="Dotted override, e.g. --set optim.matrix_lr=0.02"),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Run dir (default runs/r<r>-d<width>-s<seed>-<hash>, "
-                                    "the hash of the resolved config: another config never reuses it)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Run dir. Default: runs/r<r>-d<d>-s<seed>-<hash> "
+                                    "(e.g. runs/r4-d64-s0-1a2b3c4d; d the width, hash that of the resolved config, "
+                                    "so another config never reuses it)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Discard the run in --out (finished or not, of any "
                                    "config) and train afresh."),
     print_config: bool = typer.Option(False, "--print-config", help="Print the resolved config and exit."),

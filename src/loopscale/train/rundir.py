@@ -34,7 +34,7 @@ def config_hash(cfg: Any) -> str:
 
 
 def default_run_dir(cfg: Any) -> Path:
-    """``runs/r<r>-d<width>-s<seed>-<config hash>`` (the name `loopscale train --help` shows)."""
+    """``runs/r<r>-d<d>-s<seed>-<hash>`` (the name `loopscale train --help` shows)."""
     return Path("runs") / f"r{cfg.model.r}-d{cfg.model.width}-s{cfg.run.seed}-{config_hash(cfg)}"
 
 
