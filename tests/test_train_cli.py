@@ -231,3 +231,46 @@ def test_eval_of_a_truncated_weights_file_is_one_line(tmp_path, capsys) -> None:
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     line = one_line_error(*cli(["eval", str(run), "--tasks", "dyck", "--limit", "2"], capsys))
     assert str(weights) in line and "damaged or truncated" in line
+
+
+# ---- item 4: --executor slurm when submitit is missing or sbatch refuses -------------------------------------------
+def _slurm_spec(tmp_path: Path) -> Path:
+    from conftest import tiny_sweep_spec
+
+    spec = {**tiny_sweep_spec({"log_every": 5}, budgets=[2e9], r=[1], widths={"2e9": [16]}),
+            "slurm": {"partition": "gpu", "flops_per_gpu": 2e6}}
+    p = tmp_path / "spec.toml"
+    p.write_text(tomli_w.dumps(spec))
+    return p
+
+
+def test_slurm_without_submitit_is_one_line(tmp_path, capsys, monkeypatch) -> None:
+    import sys
+
+    import loopscale.sweep
+
+    monkeypatch.setitem(sys.modules, "submitit", None)  # import submitit -> ImportError
+    monkeypatch.delitem(sys.modules, "loopscale.sweep.slurm", raising=False)
+    monkeypatch.delattr(loopscale.sweep, "slurm", raising=False)
+    spec = _slurm_spec(tmp_path)
+    line = one_line_error(*cli(["sweep", "run", str(spec), "--out", str(tmp_path / "sw"), "--executor", "slurm"],
+                               capsys))
+    assert "--executor: slurm needs submitit" in line
+
+
+def test_a_refused_slurm_submission_is_one_line(tmp_path, capsys, monkeypatch) -> None:
+    import os
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sbatch = bin_dir / "sbatch"
+    sbatch.write_text("#!/bin/bash\necho 'sbatch: error: invalid partition specified: gpu' >&2\nexit 1\n")
+    sbatch.chmod(0o755)
+    for tool in ("squeue", "srun"):
+        (bin_dir / tool).write_text("#!/bin/bash\nexit 0\n")
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    spec = _slurm_spec(tmp_path)
+    code, text = cli(["sweep", "run", str(spec), "--out", str(tmp_path / "sw"), "--executor", "slurm"], capsys)
+    line = one_line_error(code, text, expected_code=1)
+    assert "slurm: submission failed" in line and "invalid partition specified" in line

@@ -26,6 +26,30 @@ class SweepIncomplete(LoopscaleError):
     exit_code = 1
 
 
+class SubmitFailed(LoopscaleError):
+    """sbatch or submitit refused a submission (exit status 1)."""
+
+    exit_code = 1
+
+
+def _slurm() -> Any:
+    """``loopscale.sweep.slurm``, or one line when submitit cannot be imported."""
+    try:
+        from loopscale.sweep import slurm
+    except ImportError as exc:
+        from loopscale.errors import ConfigError
+
+        raise ConfigError("--executor", f"slurm needs submitit, which cannot be imported ({exc}); "
+                          "pip install 'submitit>=1.5', or use --executor local") from None
+    return slurm
+
+
+def _first_lines(exc: Exception, limit: int = 300) -> str:
+    """An exception's message (sbatch's stderr included) on one line, cut to ``limit`` characters."""
+    text = " ".join(str(exc).split()) or "no message"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 SPEC_HELP = "Spec TOML, a sweep dir (its spec.toml) or a preset name (e.g. demo, paper)."
 
 
@@ -113,8 +137,7 @@ def plan(
         console.print(f"[bold]estimated time:[/] {_dur(p.total_s)} one run at a time "
                       f"({escape(p.calibration_note + star)})", markup=True, highlight=False)
     if spec.executors.get("slurm"):
-        from loopscale.sweep.slurm import settings_from_spec
-
+        settings_from_spec = _slurm().settings_from_spec
         s = settings_from_spec(spec.executors["slurm"], spec.source)
         console.print(f"[bold]SLURM:[/] ~{p.total_flops / s.flops_per_gpu / 3600:.0f} GPU-hours at "
                       f"{s.flops_per_gpu:.3g} FLOP/s per GPU (\\[slurm] flops_per_gpu)", markup=True, highlight=False)
@@ -178,12 +201,18 @@ def run(
     err_console.print(f"sweep {spec.name}: {len(runs)} runs in {store.root}", highlight=False)
     if executor == "slurm":
         from loopscale.sweep import plan_row
-        from loopscale.sweep.slurm import settings_from_spec, submit
 
-        s = settings_from_spec(spec.executors.get("slurm", {}), spec.source)
+        slurm = _slurm()
+        s = slurm.settings_from_spec(spec.executors.get("slurm", {}), spec.source)
         flops = {rs.run_id: plan_row(rs, spec).flops for rs in runs}
-        recs = submit(store, runs, flops, s, max_retries=retries, cluster=cluster, resubmit_queued=resubmit_queued,
-                      log=lambda m: err_console.print(m, highlight=False))
+        try:
+            recs = slurm.submit(store, runs, flops, s, max_retries=retries, cluster=cluster,
+                                resubmit_queued=resubmit_queued, log=lambda m: err_console.print(m, highlight=False))
+        except LoopscaleError:
+            raise
+        except Exception as exc:  # sbatch refused, submitit failed: one line, the runs stay unsubmitted
+            raise SubmitFailed(f"slurm: submission failed ({type(exc).__name__}: {_first_lines(exc)}); runs "
+                               f"submitted before it are queued; fix the cause and rerun to submit the rest") from None
         if not recs:
             err_console.print("nothing to submit: every run is finished, running or queued", highlight=False)
         if cluster == "debug":  # runs in this process, one after another
