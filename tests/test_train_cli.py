@@ -274,3 +274,11 @@ def test_a_refused_slurm_submission_is_one_line(tmp_path, capsys, monkeypatch) -
     code, text = cli(["sweep", "run", str(spec), "--out", str(tmp_path / "sw"), "--executor", "slurm"], capsys)
     line = one_line_error(code, text, expected_code=1)
     assert "slurm: submission failed" in line and "invalid partition specified" in line
+
+
+def test_the_failure_injection_hook_is_not_part_of_a_runs_identity() -> None:
+    from loopscale.train.rundir import config_diff
+
+    a = {"run": {"steps": 6, "fail_at_step": 2}, "optim": {"lr_scale": 1.0}}
+    assert config_diff(a, {"run": {"steps": 6}, "optim": {"lr_scale": 1.0}}) == []
+    assert config_diff(a, {"run": {"steps": 8}, "optim": {}}) == ["optim.lr_scale: 1.0 -> unset", "run.steps: 6 -> 8"]

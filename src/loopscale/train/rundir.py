@@ -21,6 +21,8 @@ CONFIG = "config.toml"
 # What the trainer (and `loopscale eval`'s per-run cache) writes into a run dir; --overwrite removes only these.
 ARTEFACTS = ("result.json", "metrics.jsonl", "ckpt.pt", "model.safetensors", CONFIG)
 ARTEFACT_DIRS = ("eval", "tb")
+# Not part of a run's identity: run.fail_at_step is a testing hook (an injected failure, then a retry).
+IGNORED = frozenset({"run.fail_at_step"})
 
 
 def config_text(cfg: Any) -> str:
@@ -51,7 +53,7 @@ def config_diff(stored: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
     """``key: stored -> wanted`` for every field that differs (missing on one side shows as 'unset')."""
     a, b = _flat(stored), _flat(wanted)
     diffs = []
-    for key in sorted(set(a) | set(b)):
+    for key in sorted((set(a) | set(b)) - IGNORED):
         if a.get(key, ...) != b.get(key, ...):
             diffs.append(f"{key}: {_show(a.get(key, ...))} -> {_show(b.get(key, ...))}")
     return diffs
