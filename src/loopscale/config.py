@@ -125,7 +125,18 @@ def validate(cls: type[StrictModel], data: dict[str, Any], *, source: str | None
             loc = ".".join(str(p) for p in err.errors()[0].get("loc", ()))
             field = ".".join(p for p in (prefix, loc, ctx_err.field) if p)
             raise ConfigError(field, ctx_err.message, value=ctx_err.value, source=source) from None
-        raise from_pydantic(err, source=source, prefix=prefix) from None
+        raise from_pydantic(err, source=source, prefix=prefix, known=lambda loc: _fields_at(cls, loc)) from None
+
+
+def _fields_at(cls: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The field names of the (nested) config table at ``loc``: the candidates for 'did you mean'."""
+    node: Any = cls
+    for part in loc:
+        field = getattr(node, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        node = field.annotation
+    return list(getattr(node, "model_fields", {}))
 
 
 def load_mapping(path: str | Path) -> dict[str, Any]:
@@ -133,7 +144,13 @@ def load_mapping(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError("path", "file not found", value=str(p))
-    text = p.read_text(encoding="utf-8")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError("encoding", f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+                          "save the file as UTF-8", source=str(p)) from None
+    except OSError as exc:
+        raise ConfigError("path", f"cannot read the file: {exc.strerror or exc}", value=str(p)) from None
     try:
         if p.suffix in (".yaml", ".yml"):
             import yaml

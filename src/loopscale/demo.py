@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
 
 PRESETS = {"quick": "quick", "demo": "demo", "study": "study"}
 
@@ -31,20 +33,20 @@ def run_demo(out: str | Path = "demo", *, preset: str = "demo", bootstrap: int |
 
     if preset not in PRESETS:
         raise ConfigError("--preset", f"expected one of {', '.join(PRESETS)}", value=preset)
-    con = console or Console(stderr=True)
+    con = console or Console(stderr=True, markup=False)
     out = Path(out)
     t0 = time.time()
     spec = load_spec(PRESETS[preset])
-    con.rule(f"[bold]1/4 sweep[/] ({preset}: {len(spec.runs())} runs) -> {out / 'sweep'}")
+    con.rule(_rich(f"[bold]1/4 sweep[/] ({preset}: {len(spec.runs())} runs) -> {escape(str(out / 'sweep'))}"))
     store = prepare(spec, out / "sweep")
     run_sweep(spec, store, progress=progress, console=con)
     df, counts = runs_table(store)
     runs_csv, _ = write_table(df, out / "runs.csv")
     missing = ", ".join(f"{n} {status}" for status, n in counts.items())
     con.print(f"runs table: {runs_csv} ({len(df)} runs" + (f"; without a result: {missing})" if missing else ")"),
-              highlight=False)
+              highlight=False, markup=False)
 
-    con.rule("[bold]2/4 fit[/]")
+    con.rule(_rich("[bold]2/4 fit[/]"))
     defaults = FitSettings()
     table = load_runs(runs_csv)
     for control in [name for name, v in spec.variants.items() if v.r == [1]]:  # e.g. loop-of-one r = 1 runs
@@ -54,18 +56,24 @@ def run_demo(out: str | Path = "demo", *, preset: str = "demo", bootstrap: int |
                            bootstrap=bootstrap if bootstrap is not None else defaults.bootstrap,
                            restarts=restarts if restarts is not None else defaults.restarts,
                            template=template_from_table(table.df))
-    fit = fit_runs(table, settings, progress=lambda m: con.print(f"  {m}", highlight=False))
+    fit = fit_runs(table, settings, progress=lambda m: con.print(f"  {m}", highlight=False, markup=False))
     fit_path = write_fit(out / "fit.json", fit)
 
-    con.rule("[bold]3/4 five-axis evaluation[/] (compute-optimal run per budget and r)")
+    con.rule(_rich("[bold]3/4 five-axis evaluation[/] (compute-optimal run per budget and r)"))
     ev = evaluate_path(out / "sweep", "world", out_dir=out, limit=eval_limit,
-                       on_run=lambda ref, i, n: con.print(f"  [{i + 1}/{n}] {ref.run_id}", highlight=False))
-    con.rule("[bold]4/4 report[/]")
+                       on_run=lambda ref, i, n: con.print(f"  [{i + 1}/{n}] {ref.run_id}", highlight=False,
+                                                          markup=False))
+    con.rule(_rich("[bold]4/4 report[/]"))
     index = make_report(runs_csv, out / "report", fit=fit_path, axes=ev["axes_csv"])
     headline = _headline(fit, table, ev, index, time.time() - t0)
     atomic_write_json(out / "headline.json", headline)
     _print_headline(con, headline)
     return headline
+
+
+def _rich(markup: str) -> Text:
+    """A styled rule title, whatever the console's markup setting (interpolations are escaped)."""
+    return Text.from_markup(markup)
 
 
 def _headline(fit: dict[str, Any], runs: Any, ev: dict[str, Any], index: Path, wall: float) -> dict[str, Any]:
@@ -110,33 +118,35 @@ def _headline(fit: dict[str, Any], runs: Any, ev: dict[str, Any], index: Path, w
 
 
 def _print_headline(con: Console, h: dict[str, Any]) -> None:
-    con.rule("[bold]headline")
+    con.rule(_rich("[bold]headline"))
     ci = h.get("phi_ci")
     phi = h.get("phi")
     ci_txt = f" [95% CI {ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
-    con.print(f"phi = {phi:.3f}{ci_txt}" if phi is not None else "phi: no fit", highlight=False)
+    con.print(f"phi = {phi:.3f}{ci_txt}" if phi is not None else "phi: no fit", highlight=False, markup=False)
     con.print(f"  {h.get('verdict')}" + (f" ({'; '.join(h['reasons'])})" if h.get("reasons") else ""),
-              highlight=False)
+              highlight=False, markup=False)
     if h.get("caveats"):
-        con.print(f"  {'; '.join(h['caveats'])}", highlight=False)
+        con.print(f"  {'; '.join(h['caveats'])}", highlight=False, markup=False)
     if h.get("restricted"):
         con.print("  R2: free " + f"{h['r2']:.4f}" + "".join(f", {k} {v:.4f}" for k, v in h["restricted"].items()
-                                                           if v is not None), highlight=False)
+                                                           if v is not None), highlight=False, markup=False)
     for name, o in (h.get("variants") or {}).items():
         est = "" if o.get("phi") is None else f"phi = {o['phi']:.3f}" + (
             f" [95% CI {o['phi_ci'][0]:.2f}, {o['phi_ci'][1]:.2f}]" if o.get("phi_ci") else "")
         line = f"  {name}: {est}" + (" - " if est and not o["identified"] else "")
         line += "" if o["identified"] else o["verdict"]
-        con.print(line + (f" ({'; '.join(o['reasons'])})" if o.get("reasons") else ""), highlight=False)
+        con.print(line + (f" ({'; '.join(o['reasons'])})" if o.get("reasons") else ""), highlight=False,
+                  markup=False)
         if o.get("caveats"):
-            con.print(f"    {'; '.join(o['caveats'])}", highlight=False)
+            con.print(f"    {'; '.join(o['caveats'])}", highlight=False, markup=False)
     for k, v in (h.get("delta_phi") or {}).items():
         if v is not None:
-            con.print(f"  delta phi ({k}) = {v:+.3f}", highlight=False)
+            con.print(f"  delta phi ({k}) = {v:+.3f}", highlight=False, markup=False)
     for r, per in (h.get("loss_gap_to_r1") or {}).items():
         con.print(f"  loss gap to r=1 at matched compute (best run per cell), r={r}: "
-                  + ", ".join(f"C={c}: {g:+.3f}" for c, g in per.items()), highlight=False)
+                  + ", ".join(f"C={c}: {g:+.3f}" for c, g in per.items()), highlight=False, markup=False)
     if h.get("axes"):
         con.print("  continuation loss per axis (nats/token) by r: " + json.dumps(
-            {a: {str(r): round(x, 3) for r, x in per.items()} for a, per in h["axes"].items()}), highlight=False)
-    con.print(f"report: {h['report']}  ({h['wall_s'] / 60:.1f} min)", highlight=False)
+            {a: {str(r): round(x, 3) for r, x in per.items()} for a, per in h["axes"].items()}), highlight=False,
+            markup=False)
+    con.print(f"report: {h['report']}  ({h['wall_s'] / 60:.1f} min)", highlight=False, markup=False)

@@ -6,6 +6,8 @@ Anything else escaping to the CLI is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Callable
 from typing import Any
 
 
@@ -39,17 +41,23 @@ class ConfigError(LoopscaleError, ValueError):
         return ConfigError(self.field, self.message, value=self.value, source=source)
 
 
-def from_pydantic(err: Exception, source: str | None = None, prefix: str = "") -> ConfigError:
-    """Turn the first error of a pydantic ValidationError into a one-line ConfigError."""
+def from_pydantic(err: Exception, source: str | None = None, prefix: str = "",
+                  known: Callable[[tuple[Any, ...]], list[str]] | None = None) -> ConfigError:
+    """Turn the first error of a pydantic ValidationError into a one-line ConfigError.
+
+    An unknown key is reported before a missing one (``sweep.budget`` is a typo of ``budgets``, not a
+    table missing ``budgets``), with the closest known key when ``known(parent loc)`` gives the candidates.
+    """
     errors = getattr(err, "errors", None)
     if not callable(errors):
         return ConfigError(prefix or "config", str(err), source=source)
-    first = errors()[0]
+    ranked = sorted(errors(), key=lambda e: e.get("type") != "extra_forbidden")
+    first = ranked[0]
     loc = ".".join(str(p) for p in first.get("loc", ()) if p != "__root__")
     field = ".".join(p for p in (prefix, loc) if p) or "config"
     msg = first.get("msg", "invalid value")
     if first.get("type") == "extra_forbidden":
-        msg = "unknown key"
+        msg = "unknown key" + _did_you_mean(first.get("loc", ()), known)
     msg = msg.removeprefix("Value error, ")
     value = first.get("input", ...)
     if isinstance(value, dict) or first.get("type") == "missing":
@@ -58,3 +66,10 @@ def from_pydantic(err: Exception, source: str | None = None, prefix: str = "") -
     if more:
         msg += f" [+{more} more error{'s' if more > 1 else ''}]"
     return ConfigError(field, msg, value=value, source=source)
+
+
+def _did_you_mean(loc: tuple[Any, ...], known: Callable[[tuple[Any, ...]], list[str]] | None) -> str:
+    if not loc or known is None:
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), known(tuple(loc[:-1])), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""

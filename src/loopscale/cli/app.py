@@ -7,9 +7,11 @@ the command functions so `loopscale --help` and `loopscale fit` start fast.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from loopscale.errors import LoopscaleError
 
@@ -20,16 +22,59 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-# Tables stay readable when piped (rich falls back to 80 columns without a terminal).
+# Tables stay readable when piped (rich falls back to 80 columns without a terminal). Markup is off by
+# default: paths, run ids and error text hold square brackets (``spec.toml [run x]``) that rich would eat;
+# the few styled lines pass ``markup=True`` and escape what they interpolate.
 _width = None if sys.stdout.isatty() else 200
-console = Console(width=_width)
-err_console = Console(stderr=True, width=_width)
+console = Console(width=_width, markup=False)
+err_console = Console(stderr=True, width=_width, markup=False)
 _state = {"debug": False}
 
 
 @app.callback()
 def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for user errors.")) -> None:
     _state["debug"] = debug
+
+
+def _click_modules() -> list[Any]:
+    """The click exception modules in use: typer >= 0.12 bundles its own click (``typer._click``),
+    whose exceptions are not subclasses of the standalone click's; handle both."""
+    import importlib
+
+    mods = []
+    for name in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            mods.append(importlib.import_module(name))
+        except ImportError:
+            continue
+    return mods
+
+
+def _click_types(name: str) -> tuple[type, ...]:
+    return tuple(getattr(m, name) for m in _click_modules() if hasattr(m, name))
+
+
+def _usage_hint(exc: Exception) -> str:
+    """``usage: loopscale train [OPTIONS] [CONFIG] (loopscale train --help)`` for a click usage error."""
+    ctx = getattr(exc, "ctx", None)
+    if ctx is None:
+        return "see loopscale --help"
+    usage = " ".join(ctx.get_usage().split())
+    usage = usage.removeprefix("Usage: ").removeprefix("usage: ")
+    return f"usage: {usage}  (more: {ctx.command_path} --help)"
+
+
+def _show_click_error(exc: Exception) -> int:
+    """One line naming the problem, plus a usage hint; exit status 2 for usage errors (as click's own)."""
+    if isinstance(exc, _click_types("NoArgsIsHelpError")):
+        exc.show()  # type: ignore[attr-defined]  # the help text itself
+        return 2
+    msg = " ".join(str(exc.format_message()).split()) or type(exc).__name__  # type: ignore[attr-defined]
+    err_console.print(f"[bold red]error:[/] {escape(msg)}", markup=True, highlight=False, soft_wrap=True)
+    if isinstance(exc, _click_types("UsageError")):
+        err_console.print(_usage_hint(exc), highlight=False, soft_wrap=True, style="dim")
+        return 2
+    return int(getattr(exc, "exit_code", 1) or 1)
 
 
 def run_app(argv: list[str] | None = None) -> int:
@@ -40,20 +85,17 @@ def run_app(argv: list[str] | None = None) -> int:
     except LoopscaleError as err:
         if debug:
             raise
-        err_console.print(f"[bold red]error:[/] {err}", markup=True, highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(str(err))}", markup=True, highlight=False, soft_wrap=True)
         return int(getattr(err, "exit_code", 2))
     except KeyboardInterrupt:
         err_console.print("interrupted; rerun the same command to resume")
         return 130
-    except SystemExit as exc:  # typer's own exits (--help, usage errors)
-        return int(exc.code or 0)
-    except Exception as exc:  # click usage errors raised in non-standalone mode
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            return exc.exit_code
-        if isinstance(exc, click.exceptions.Abort):
+    except SystemExit as exc:  # typer's own exits (--help)
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 1
+    except Exception as exc:  # click usage errors raised in non-standalone mode (typer's click or click)
+        if isinstance(exc, _click_types("ClickException")):
+            return _show_click_error(exc)
+        if isinstance(exc, _click_types("Abort")):
             return 1
         raise
     return 0

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from loopscale.cli.app import app, console
@@ -36,7 +37,7 @@ def _load(config: Path | None, set_: list[str]):
 
 @data_app.command("describe")
 def describe(
-    config: Path | None = typer.Argument(None, help="TOML/YAML with a [data] table (default: built-in)."),
+    config: Path | None = typer.Argument(None, help=escape("TOML/YAML with a [data] table (default: built-in).")),
     set_: list[str] = typer.Option([], "--set", help="Override, e.g. --set data.world_share=0.3"),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
@@ -57,8 +58,8 @@ def describe(
         console.print_json(json.dumps(stats))
         return
     tr, va = stats["train"], stats["val"]
-    console.print(f"[bold]data[/] source={stats['source']} seed={stats['seed']}; "
-                  f"real text: {stats['real_text']}")
+    console.print(f"[bold]data[/] source={escape(str(stats['source']))} seed={stats['seed']}; "
+                  f"real text: {escape(str(stats['real_text']))}", markup=True)
     console.print(f"tokenizer: {stats['tokenizer']}, vocab {stats['vocab_size']}; "
                   f"unigram entropy of training tokens {tr['unigram_entropy_nats']:.3f} nats "
                   f"({tr['unigram_entropy_bits']:.3f} bits); built in {stats['build_s']:.2f} s")

@@ -64,7 +64,7 @@ def _list_tasks() -> None:
     for t in REGISTRY.values():
         where = t.about + (f" [{t.benchmark.files[0]}]" if t.benchmark else "")
         table.add_row(t.name, t.axis + (" (control)" if t.control else ""), t.source, str(t.shots), t.accuracy,
-                      escape(where))
+                      where)
     console.print(table)
     console.print("groups: " + "; ".join(f"{g} ({len(v)} tasks)" for g, v in GROUPS.items()))
 
@@ -72,7 +72,7 @@ def _list_tasks() -> None:
 def _print_run(out: dict[str, Any]) -> None:
     ref = out["runs"][0]
     results = out["results"][ref.run_id]
-    table = Table(title=f"{escape(ref.run_id)} - r = {ref.r}, d = {ref.d_model}, val_loss {_f(ref.val_loss)}; "
+    table = Table(title=f"{ref.run_id} - r = {ref.r}, d = {ref.d_model}, val_loss {_f(ref.val_loss)}; "
                         "loss in nats per gold token")
     table.add_column("axis")
     table.add_column("task")
@@ -112,7 +112,7 @@ def _print_sweep(out: dict[str, Any]) -> None:
     for s in out["summary"]:
         axes = [f"{_f(s.get(f'loss_{a}'))} ({_f(s.get(f'acc_{a}'), 2)})" if s.get(f"loss_{a}") is not None else "-"
                 for a in AXES]
-        table.add_row(escape(str(s["variant"])), f"{s['C']:.3g}" if s["C"] is not None else "-", str(s["r"]),
+        table.add_row(str(s["variant"]), f"{s['C']:.3g}" if s["C"] is not None else "-", str(s["r"]),
                       str(s["d_model"]), str(s["r_eval"]), _f(s["val_loss"]), *axes,
                       f"{_f(s['loss_overall'])} ({_f(s['acc_overall'], 2)})", _f(s["knowledge_gap"]))
     console.print(table)
@@ -158,11 +158,22 @@ def eval_(
                         TextColumn("{task.completed}/{task.total}"), TimeRemainingColumn(), console=err_console,
                         transient=True)
     bars: dict[str, Any] = {}
+    live = err_console.is_terminal  # bars on a terminal; plain lines in a log file or a pipe
+    shown: dict[str, int] = {}
 
     def on_progress(name: str, done: int, total: int) -> None:
-        if name not in bars:
-            bars[name] = progress.add_task(name, total=total)
-        progress.update(bars[name], completed=done, total=total)
+        if live:
+            if name not in bars:
+                bars[name] = progress.add_task(escape(name), total=total)  # the column renders markup
+            progress.update(bars[name], completed=done, total=total)
+            return
+        tenth = max(1, total // 10)
+        if done == total or done // tenth > shown.get(name, 0) // tenth:
+            err_console.print(f"{name}: {done}/{total} sequences ({100 * done / max(total, 1):.0f}%)", highlight=False)
+        shown[name] = done
+
+    def log(msg: str) -> None:
+        progress.console.print(msg, highlight=False)
 
     def on_run(ref: Any, i: int, n: int) -> None:
         if n > 1:
@@ -173,9 +184,9 @@ def eval_(
     with progress:
         result = evaluate_path(path, tasks, r_values=r_values, all_runs=all_runs, out_dir=out, data_dir=data_dir,
                                shots=_shots(shots), limit=limit, batch_size=batch_size, device=device,
-                               dtype=dtype, use_cache=not force, progress=on_progress, on_run=on_run)
+                               dtype=dtype, use_cache=not force, progress=on_progress, on_run=on_run, log=log)
     for note in result["notes"]:
-        err_console.print(f"note: {escape(note)}", highlight=False)
+        err_console.print(f"note: {note}", highlight=False)
     if as_json:
         console.print_json(json.dumps(result["summary"], default=str))
         return
@@ -183,5 +194,5 @@ def eval_(
         _print_run(result)
     else:
         _print_sweep(result)
-    console.print(f"wrote {escape(str(result['axes_csv']))} and {escape(str(result['summary_csv']))}",
+    console.print(f"wrote {result['axes_csv']} and {result['summary_csv']}",
                   highlight=False)

@@ -129,7 +129,7 @@ def fit(
         template=template,
     )
     with err_console.status("fitting") as status:
-        result = fit_runs(table, settings, progress=lambda msg: status.update(msg))
+        result = fit_runs(table, settings, progress=lambda msg: status.update(escape(msg)))  # spinners parse markup
     path = out or ((runs[0] if runs[0].is_dir() else runs[0].parent) / "fit.json")
     write_fit(path, result)
     if as_json:
@@ -139,7 +139,8 @@ def fit(
     for w in result["warnings"]:
         loud = "NOT identifiable" in w or "POORLY" in w or "did not converge" in w
         err_console.print(
-            f"[bold {'red' if loud else 'yellow'}]warning:[/] {escape(w)}", highlight=False, soft_wrap=True
+            f"[bold {'red' if loud else 'yellow'}]warning:[/] {escape(w)}", markup=True, highlight=False,
+            soft_wrap=True
         )
     err_console.print(f"fit file: {path}  ({result['wall_s']:.1f} s)")
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from loopscale import accounting, grids
@@ -68,6 +69,28 @@ def _train_config(data: dict[str, Any], budget: float | None, tokens_per_step: i
     return train_config_from_dict(tables, source)
 
 
+TABLES = ("model", "data", "optim", "run")
+
+
+def config_run(config: Path, set_: list[str], budget: float | None, tokens_per_step: int | None) -> Any:
+    """The TrainConfig `loopscale train CONFIG --set ...` resolves (``train_config_from_dict``, its defaults),
+    with --budget replacing the run's length and --tokens-per-step its batch; a bare [model] table is allowed."""
+    from loopscale.train.config import config_source, train_config_from_dict
+
+    data = load_mapping(config)
+    if not set(data) & set(TABLES) and set(data) <= set(ModelConfig.model_fields):
+        data = {"model": data}
+    extra = []
+    if budget is not None:
+        extra += ["run.steps=null", "run.tokens=null", f"run.budget={budget!r}"]
+    source = config_source(config, set_)
+    tcfg = train_config_from_dict(apply_overrides(data, [*set_, *extra]), source)
+    if tokens_per_step is not None:
+        extra.append(f"run.batch_size={max(1, tokens_per_step // tcfg.model.seq_len)}")
+        tcfg = train_config_from_dict(apply_overrides(data, [*set_, *extra]), source)
+    return tcfg
+
+
 def _lr_fields(tcfg: Any) -> dict[str, Any]:
     """Peak lr per group and the transfer rules' inputs, as the trainer will resolve them."""
     from loopscale.optim.transfer import tokens_ref, transfer_factors
@@ -99,7 +122,7 @@ def _lr_table(fields: dict[str, Any], optim: Any) -> Table:
 
 @app.command()
 def info(
-    config: Path | None = typer.Argument(None, help="Training config or [model] table (default: paper s=10)."),
+    config: Path | None = typer.Argument(None, help=escape("Training config or [model] table (default: paper s=10).")),
     set_: list[str] = typer.Option([], "--set", help="Override, e.g. --set model.r=4 --set model.s=6"),
     grid: str | None = typer.Option(None, "--grid", help="Whole grid: 'paper' (116 runs, and the probes' widths)."),
     budget: float | None = typer.Option(None, "--budget", "-C", help="FLOP budget C for tokens D = C/F."),
@@ -110,7 +133,7 @@ def info(
     """Print the layout, N_once / N_rec / N_emb, FLOPs per token, tokens for a budget and the run's learning rates.
 
     The learning rates (per optimiser group, after the paper's width / batch / data transfer rules) are shown
-    whenever the run's length is known: a [run] budget, tokens or steps in CONFIG, or --budget.
+    whenever the run's length is known: run.budget, run.tokens or run.steps in CONFIG, or --budget.
     """
     lr_fields: dict[str, Any] | None = None
     tcfg = None
@@ -118,17 +141,26 @@ def info(
         rows = _rows_for_grid(grid)
         lr_rows = [_lr_fields(_train_config({"model": grids.paper_model(a.d_model // 64, a.r)}, a.budget,
                                             tokens_per_step, "--grid paper")) for a in rows]
+    elif config is not None:  # the run `loopscale train CONFIG` would train: the same loader, the same defaults
+        tcfg = config_run(config, set_, budget, tokens_per_step)
+        cfg = tcfg.model
+        lr_fields = _lr_fields(tcfg)
+        from loopscale.train.config import describe_length
+
+        compute = tcfg.run.budget or describe_length(tcfg)["flops"]  # a steps / tokens run: its FLOPs
+        rows = [accounting.account(cfg, budget=compute, tokens_per_step=tcfg.tokens_per_step)]
+        lr_rows = [lr_fields]
     else:
-        data: dict = {"model": {**grids.PAPER_MODEL, "s": 10}}
-        if config is not None:
-            loaded = load_mapping(config)
-            data = {**loaded, "model": loaded.get("model", loaded)} if "model" in loaded else {"model": loaded}
-        data = apply_overrides(data, set_)
-        src = str(config) if config else "--set"
-        cfg = validate(ModelConfig, data["model"], source=src, prefix="model")
+        data: dict = apply_overrides({"model": {**grids.PAPER_MODEL, "s": 10}}, set_)
+        if not isinstance(data["model"], dict):
+            from loopscale.errors import ConfigError
+
+            raise ConfigError("model", "expected a table (--set model.KEY=VALUE)", value=data["model"],
+                              source="--set")
+        cfg = validate(ModelConfig, data["model"], source="--set", prefix="model")
         run = data.get("run") if isinstance(data.get("run"), dict) else {}
         if budget is not None or any(k in run for k in ("budget", "tokens", "steps")):
-            tcfg = _train_config(data, budget, tokens_per_step, src)
+            tcfg = _train_config(data, budget, tokens_per_step, "--set")
             lr_fields = _lr_fields(tcfg)
         tps = lr_fields["tokens_per_step"] if lr_fields else (tokens_per_step or grids.PAPER_TOKENS_PER_STEP)
         rows = [accounting.account(cfg, budget=budget or (tcfg.run.budget if tcfg else None), tokens_per_step=tps)]

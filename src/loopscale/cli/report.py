@@ -44,9 +44,9 @@ def report(
     doc = read_fit(fit_file if fit_file is not None else out / "fit.json")
     v = phi_verdict(doc)
     colour = "green" if v.identified else "bold red"
-    console.print(f"[{colour}]{escape(v.label)}[/]", highlight=False)
+    console.print(f"[{colour}]{escape(v.label)}[/]", markup=True, highlight=False)
     for reason in v.reasons:
-        console.print(f"  - {escape(reason)}", highlight=False)
+        console.print(f"  - {reason}", highlight=False)
     if fit_file is None:
         err_console.print(f"fit file: {out / 'fit.json'}")
     err_console.print(f"report: {index}  (summary.md, figures/*.png|svg|pdf beside it)")

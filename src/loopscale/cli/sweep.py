@@ -10,6 +10,7 @@ from typing import Any
 
 import typer
 from rich import box
+from rich.markup import escape
 from rich.table import Table
 
 from loopscale.cli.app import app, console, err_console
@@ -29,6 +30,30 @@ class SweepBusy(LoopscaleError):
     """No run failed, but some are held by another live process and were not run (exit status 3)."""
 
     exit_code = 3
+
+
+class SubmitFailed(LoopscaleError):
+    """sbatch or submitit refused a submission (exit status 1)."""
+
+    exit_code = 1
+
+
+def _slurm() -> Any:
+    """``loopscale.sweep.slurm``, or one line when submitit cannot be imported."""
+    try:
+        from loopscale.sweep import slurm
+    except ImportError as exc:
+        from loopscale.errors import ConfigError
+
+        raise ConfigError("--executor", f"slurm needs submitit, which cannot be imported ({exc}); "
+                          "pip install 'submitit>=1.5', or use --executor local") from None
+    return slurm
+
+
+def _first_lines(exc: Exception, limit: int = 300) -> str:
+    """An exception's message (sbatch's stderr included) on one line, cut to ``limit`` characters."""
+    text = " ".join(str(exc).split()) or "no message"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 SPEC_HELP = "Spec TOML, a sweep dir (its spec.toml) or a preset name (e.g. demo, paper)."
@@ -102,27 +127,26 @@ def plan(
     console.print(t)
     warned = [row for row in p.rows if row.warnings]
     if warned:
-        console.print(f"[bold yellow]{len(warned)} warning(s):[/]")
+        console.print(f"[bold yellow]{len(warned)} warning(s):[/]", markup=True)
         for row in warned:
             for w in row.warnings:
                 console.print(f"  {row.run.run_id}: {w}", highlight=False, markup=False)
     per_variant = ", ".join(f"{k} {v}" for k, v in p.by_variant().items())
-    console.print(f"[bold]total:[/] {len(p.rows)} runs ({per_variant}), {p.total_flops:.4g} FLOPs, "
-                  f"{sum(r.tokens for r in p.rows):.4g} tokens", highlight=False)
+    console.print(f"[bold]total:[/] {len(p.rows)} runs ({escape(per_variant)}), {p.total_flops:.4g} FLOPs, "
+                  f"{sum(r.tokens for r in p.rows):.4g} tokens", markup=True, highlight=False)
     if p.memory_note:
-        console.print(f"[bold]memory:[/] {p.memory_note}", highlight=False)
+        console.print(f"[bold]memory:[/] {escape(p.memory_note)}", markup=True, highlight=False)
     if p.total_s is None and p.calibration_note:
-        console.print(f"[bold]estimated time:[/] - ({p.calibration_note})", highlight=False)
+        console.print(f"[bold]estimated time:[/] - ({escape(p.calibration_note)})", markup=True, highlight=False)
     if p.total_s is not None:
         star = "; * = extrapolated" if any(r.est_kind == "extrapolated" for r in p.rows) else ""
-        console.print(f"[bold]estimated time:[/] {_dur(p.total_s)} one run at a time ({p.calibration_note}{star})",
-                      highlight=False)
+        console.print(f"[bold]estimated time:[/] {_dur(p.total_s)} one run at a time "
+                      f"({escape(p.calibration_note + star)})", markup=True, highlight=False)
     if spec.executors.get("slurm"):
-        from loopscale.sweep.slurm import settings_from_spec
-
+        settings_from_spec = _slurm().settings_from_spec
         s = settings_from_spec(spec.executors["slurm"], spec.source)
         console.print(f"[bold]SLURM:[/] ~{p.total_flops / s.flops_per_gpu / 3600:.0f} GPU-hours at "
-                      f"{s.flops_per_gpu:.3g} FLOP/s per GPU (\\[slurm] flops_per_gpu)", highlight=False)
+                      f"{s.flops_per_gpu:.3g} FLOP/s per GPU (\\[slurm] flops_per_gpu)", markup=True, highlight=False)
     if csv is not None:
         import pandas as pd
 
@@ -151,7 +175,8 @@ def run(
     out: Path | None = typer.Option(None, "--out", "-o", help="Sweep dir (default sweeps/<name>, or SPEC_OR_DIR)."),
     executor: str = typer.Option("local", "--executor", "-e", help="local or slurm."),
     max_retries: int | None = typer.Option(None, "--max-retries", help="Retries of a failed run (default: spec)."),
-    isolate: bool = typer.Option(False, "--isolate", help="Each run in its own subprocess (or [local] isolate)."),
+    isolate: bool = typer.Option(False, "--isolate",
+                                 help=escape("Each run in its own subprocess (or [local] isolate).")),
     gpus: str | None = typer.Option(None, "--gpus", help="GPU ids for local slots, e.g. 0,1,2,3 (default: all); "
                                     "positions in CUDA_VISIBLE_DEVICES when it is set."),
     nproc_per_run: int | None = typer.Option(None, "--nproc-per-run", help="torchrun processes (GPUs) per run."),
@@ -182,12 +207,18 @@ def run(
     err_console.print(f"sweep {spec.name}: {len(runs)} runs in {store.root}", highlight=False)
     if executor == "slurm":
         from loopscale.sweep import plan_row
-        from loopscale.sweep.slurm import settings_from_spec, submit
 
-        s = settings_from_spec(spec.executors.get("slurm", {}), spec.source)
+        slurm = _slurm()
+        s = slurm.settings_from_spec(spec.executors.get("slurm", {}), spec.source)
         flops = {rs.run_id: plan_row(rs, spec).flops for rs in runs}
-        recs = submit(store, runs, flops, s, max_retries=retries, cluster=cluster, resubmit_queued=resubmit_queued,
-                      log=lambda m: err_console.print(m, highlight=False))
+        try:
+            recs = slurm.submit(store, runs, flops, s, max_retries=retries, cluster=cluster,
+                                resubmit_queued=resubmit_queued, log=lambda m: err_console.print(m, highlight=False))
+        except LoopscaleError:
+            raise
+        except Exception as exc:  # sbatch refused, submitit failed: one line, the runs stay unsubmitted
+            raise SubmitFailed(f"slurm: submission failed ({type(exc).__name__}: {_first_lines(exc)}); runs "
+                               f"submitted before it are queued; fix the cause and rerun to submit the rest") from None
         if not recs:
             err_console.print("nothing to submit: every run is finished, running or queued", highlight=False)
         if cluster == "debug":  # runs in this process, one after another
@@ -292,9 +323,9 @@ def status(
         console.print(t)
     summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
     failed_note = f", {flops_failed:.3g} in failed runs" if flops_failed else ""
-    console.print(f"[bold]{store.root}:[/] {len(planned) + len(unreadable)} runs: {summary}; "
+    console.print(f"[bold]{escape(str(store.root))}:[/] {len(planned) + len(unreadable)} runs: {summary}; "
                   f"{flops_done:.3g}/{flops_total:.3g} FLOPs done ({100 * flops_done / max(flops_total, 1):.0f}%)"
-                  f"{failed_note}", highlight=False)
+                  f"{failed_note}", markup=True, highlight=False)
 
 
 @sweep_app.command()

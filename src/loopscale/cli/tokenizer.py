@@ -46,6 +46,8 @@ def train_tokenizer(
             docs = sources.read_jsonl(files, text_field)
         else:
             docs = sources.read_parquet(files, text_field)
+    if not any(d.strip() for d in docs):
+        raise ConfigError("paths", "the files hold no text; nothing written", value=" ".join(paths or []))
     path = train_bpe(docs, vocab_size, out)
     tok = HFTokenizer(path)
     n_bytes = sum(len(d.encode()) for d in docs)

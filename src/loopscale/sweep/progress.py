@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 
@@ -42,7 +43,7 @@ class SweepProgress:
 
     def start_run(self, run_id: str, flops: float, total_steps: int, start_step: int = 0) -> None:
         """A bar for a run; ``flops`` is its planned total, ``start_step`` where a resume starts."""
-        task = self._p.add_task(run_id, total=max(total_steps, 1), completed=0, info="")
+        task = self._p.add_task(escape(run_id), total=max(total_steps, 1), completed=0, info="")
         self._runs[run_id] = (task, flops, max(total_steps, 1), 0.0)
         if start_step:
             self.step(run_id, start_step, total_steps)

@@ -319,9 +319,15 @@ def spec_from_dict(data: dict[str, Any], *, source: str = "spec", base_dir: Path
                               value=r, source=source)
 
     from loopscale.sweep.local import LocalSettings
-    from loopscale.sweep.slurm import SlurmSettings
 
-    for tab, cls in (("local", LocalSettings), ("slurm", SlurmSettings)):  # typos fail at load, not at submit
+    tables: list[tuple[str, Any]] = [("local", LocalSettings)]
+    try:
+        from loopscale.sweep.slurm import SlurmSettings
+
+        tables.append(("slurm", SlurmSettings))
+    except ImportError:  # submitit cannot be imported: local sweeps still work; --executor slurm says why
+        pass
+    for tab, cls in tables:  # typos fail at load, not at submit
         validate(cls, data.get(tab) or {}, source=source, prefix=tab)
     raw = copy.deepcopy(data)
     spec = SweepSpec(

@@ -17,8 +17,9 @@ from loopscale.optim import OptimConfig
 class RunConfig(StrictModel):
     """Length, batch, evaluation, checkpoints and hardware of one run."""
 
-    budget: float | None = Field(None, gt=0, description="FLOP budget C; tokens D = C / F (accounting)")
-    tokens: float | None = Field(None, gt=0, description="training tokens D (instead of budget)")
+    budget: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                 description="FLOP budget C; tokens D = C / F (accounting)")
+    tokens: float | None = Field(None, gt=0, allow_inf_nan=False, description="training tokens D (instead of budget)")
     steps: int | None = Field(None, gt=0, description="optimiser steps (instead of budget or tokens)")
     batch_size: int = Field(32, gt=0, description="rows of T tokens per optimiser step, all ranks together")
     micro_batch: Annotated[int, Field(gt=0)] | Literal["auto"] | None = Field(
@@ -74,6 +75,10 @@ class RunConfig(StrictModel):
 
 
 DEFAULT_STEPS = 200
+# Sanity bounds on a run's length: a typo'd exponent (budget = 1e40) is refused, not started. 1e15 tokens is
+# ~30x the largest published LM training sets; 1e9 steps is years at a millisecond per step.
+MAX_STEPS = 10**9
+MAX_TOKENS = 1e15
 DEFAULT_MODEL: dict[str, Any] = {
     "d_model": 64, "head_dim": 16, "L_eff": 12, "n_prelude": 2, "n_coda": 2, "r": 4,
     "seq_len": 256, "vocab_size": 257,
@@ -118,7 +123,18 @@ class TrainConfig(StrictModel):
                            total_tokens=self.lr_tokens(), r=self.model.r)
 
     def check_length(self) -> int:
+        """The run's steps, refused when too short for a meaningful loss or too long to ever finish."""
         steps = self.total_steps()
+        tokens = steps * self.tokens_per_step
+        if steps > MAX_STEPS or tokens > MAX_TOKENS:
+            what = "budget" if self.run.budget else ("tokens" if self.run.tokens else "steps")
+            raise ConfigError(
+                f"run.{what}",
+                f"gives {steps:.3g} steps, {tokens:.3g} tokens: beyond any run that could finish (limits: "
+                f"{MAX_STEPS:.0e} steps, {MAX_TOKENS:.0e} tokens, ~30x the largest published LM training set); "
+                "check the exponent",
+                value=getattr(self.run, what),
+            )
         if steps < self.run.min_steps:
             what = "budget" if self.run.budget else ("tokens" if self.run.tokens else "steps")
             f = accounting.train_flops_per_token(self.model)
@@ -147,19 +163,25 @@ def _drop_none(obj: Any) -> Any:
 
 def load_train_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """Defaults <- file <- --set overrides, validated with one-line errors naming file and field."""
-    data: dict[str, Any] = {}
-    source = "defaults"
-    if path is not None:
-        data = load_mapping(path)
-        source = str(path)
+    data: dict[str, Any] = load_mapping(path) if path is not None else {}
     if overrides:
         data = apply_overrides(data, overrides)
-        source = f"{source} + --set" if path else "--set"
-    return train_config_from_dict(data, source)
+    return train_config_from_dict(data, config_source(path, overrides))
+
+
+def config_source(path: str | Path | None, overrides: list[str] | None = None) -> str:
+    """How errors name a config: ``my.toml``, ``my.toml + --set``, ``--set`` or ``defaults``."""
+    if path is None:
+        return "--set" if overrides else "defaults"
+    return f"{path} + --set" if overrides else str(path)
 
 
 def train_config_from_dict(data: dict[str, Any], source: str = "config") -> TrainConfig:
     """Defaults <- a mapping of [model] [data] [optim] [run] tables (a sweep builds one per run)."""
+    for name in ("model", "data", "optim", "run"):
+        if name in data and not isinstance(data[name], dict):
+            raise ConfigError(name, f"expected a table ([{name}] in the file, or --set {name}.KEY=VALUE)",
+                              value=data[name], source=source)
     user_model = dict(data.get("model") or {})
     model = dict(DEFAULT_MODEL)
     if "s" in user_model or "d_model" in user_model:

@@ -17,12 +17,11 @@ import math
 import signal
 import time
 import traceback
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-import tomli_w
 import torch
 
 from loopscale import accounting, memory
@@ -31,6 +30,7 @@ from loopscale.io import append_jsonl, atomic_write_json, atomic_write_text, rea
 from loopscale.model import LoopedLM
 from loopscale.optim import build_optimizers
 from loopscale.train import checkpoint as ck
+from loopscale.train import rundir
 from loopscale.train.batches import TokenData, load_token_data
 from loopscale.train.compiling import compile_for_training, resolved_mode
 from loopscale.train.config import TrainConfig
@@ -104,18 +104,17 @@ def read_result(run_dir: Path) -> dict[str, Any] | None:
 
 
 def _config_text(cfg: TrainConfig) -> str:
-    return tomli_w.dumps(cfg.as_toml_dict())
+    return rundir.config_text(cfg)
 
 
 def _prepare_dir(run_dir: Path, cfg: TrainConfig, is_main: bool) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    text = _config_text(cfg)
-    cfg_path = run_dir / ck.CONFIG
-    if cfg_path.exists() and (run_dir / ck.CKPT).exists() and cfg_path.read_text(encoding="utf-8") != text:
-        raise ConfigError("--out", f"{run_dir} holds a checkpoint of a different config; use a new dir",
-                          value=str(run_dir))
-    if is_main:
-        atomic_write_text(cfg_path, text)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        rundir.check_run_dir(run_dir, cfg)  # again: another process may have written it meanwhile
+        if is_main:
+            atomic_write_text(run_dir / ck.CONFIG, _config_text(cfg))
+    except OSError as exc:
+        raise ConfigError("--out", f"cannot write the run dir: {exc.strerror or exc}", value=str(run_dir)) from None
 
 
 def evaluate_loss(model: torch.nn.Module, rows: torch.Tensor, *, micro_batch: int, device: torch.device,
@@ -192,40 +191,96 @@ def result_fields(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def train(cfg: TrainConfig, run_dir: str | Path, *, progress: bool = True,
-          on_step: Any = None) -> dict[str, Any]:
+          on_step: Any = None, overwrite: bool = False, source: str | None = None,
+          progress_every: int | None = None) -> dict[str, Any]:
     """Run (or resume, or return the finished) training run in ``run_dir``. Returns result.json's dict.
 
+    A run dir holding a different config is refused (``rundir.check_run_dir``) unless ``overwrite``, which
+    discards what the dir holds and trains afresh. The data is loaded and checked before anything is written;
+    ``source`` (the config file) names config errors raised here without one (data, length, memory).
+    ``progress``: a bar on a terminal, else a plain line every ``progress_every`` steps (default 5 % of the run).
     Raises RunInterrupted on SIGTERM/SIGINT (after checkpointing) and TrainingFailed when the run
     raised (after recording it). ``on_step(step, total)`` is called after every step (sweep progress).
     """
     run_dir = Path(run_dir)
-    done = read_result(run_dir)
-    if done is not None and done.get("status") == "ok":
-        ck.tidy_finished(run_dir, keep_checkpoint=cfg.run.keep_checkpoint)  # a kill may have left ckpt.pt
-        return done
-    total_steps = cfg.check_length()
-    dist, device = setup_dist(cfg.run.device)
-    threads = setup_threads(cfg.run.threads, dist)
-    _prepare_dir(run_dir, cfg, dist.is_main)
-    t_start = time.time()
+    with _named(source):
+        if overwrite:
+            rundir.check_out_path(run_dir)
+        else:
+            rundir.check_run_dir(run_dir, cfg)
+            done = read_result(run_dir)
+            if done is not None and done.get("status") == "ok":
+                ck.tidy_finished(run_dir, keep_checkpoint=cfg.run.keep_checkpoint)  # a kill may have left ckpt.pt
+                return done
+        total_steps = cfg.check_length()
+        dist, device = setup_dist(cfg.run.device)
+        threads = setup_threads(cfg.run.threads, dist)
+        t_start = time.time()
+        try:
+            data = _load_data(cfg)
+        except LoopscaleError:
+            raise  # nothing written: the run dir is made only for data that loads
+        except Exception as exc:
+            _record_failure(run_dir, cfg, exc, t_start, dist.is_main, prepare=True)
+        if overwrite and dist.is_main:
+            rundir.clear_run_dir(run_dir)
+        if overwrite and dist.world > 1:
+            torch.distributed.barrier()
+        _prepare_dir(run_dir, cfg, dist.is_main)
     try:
-        return _train(cfg, run_dir, total_steps, dist, device, threads, t_start, progress, on_step)
+        with _named(source):
+            return _train(cfg, run_dir, total_steps, dist, device, threads, t_start, (progress, progress_every),
+                          on_step, data)
     except (RunInterrupted, KeyboardInterrupt):
         raise
     except LoopscaleError:
         raise
     except Exception as exc:
-        if dist.is_main:
-            record = {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
-                      "traceback": traceback.format_exc(), **result_fields(cfg),
-                      "wall_s": time.time() - t_start, "versions": versions()}
-            atomic_write_json(run_dir / RESULT, record)
-        raise TrainingFailed(f"{run_dir}: run failed: {type(exc).__name__}: {exc}") from exc
+        _record_failure(run_dir, cfg, exc, t_start, dist.is_main)
+
+
+@contextmanager
+def _named(source: str | None) -> Iterator[None]:
+    """Config errors raised without a file (data, length, memory) name the config they came from."""
+    try:
+        yield
+    except ConfigError as err:
+        if err.source is None and source and not err.field.startswith("--"):  # --out is no file's
+            raise err.with_source(source) from None
+        raise
+
+
+def _record_failure(run_dir: Path, cfg: TrainConfig, exc: Exception, t_start: float, is_main: bool,
+                    prepare: bool = False) -> NoReturn:
+    """Write result.json status 'failed' (error and traceback) and raise TrainingFailed."""
+    if is_main:
+        if prepare:
+            _prepare_dir(run_dir, cfg, is_main)
+        record = {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
+                  "traceback": traceback.format_exc(), **result_fields(cfg),
+                  "wall_s": time.time() - t_start, "versions": versions()}
+        atomic_write_json(run_dir / RESULT, record)
+    raise TrainingFailed(f"{run_dir}: run failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _load_data(cfg: TrainConfig) -> TokenData:
+    """The run's token data, checked against the model's vocabulary."""
+    data: TokenData = load_token_data(cfg.data, cfg.model.seq_len)
+    if cfg.model.vocab_size < data.tokenizer.vocab_size:
+        raise ConfigError("model.vocab_size", f"smaller than the tokenizer's vocabulary "
+                          f"({data.tokenizer.vocab_size})", value=cfg.model.vocab_size)
+    max_id = data.max_id  # from the cache's meta.json: no scan of the mapped rows in every rank
+    if max_id >= cfg.model.vocab_size:
+        raise ConfigError("model.vocab_size", f"the data holds token id {max_id}; set vocab_size > {max_id} "
+                          "(tokenizer and data do not match)", value=cfg.model.vocab_size)
+    return data
 
 
 def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device: torch.device,
-           threads: int, t_start: float, progress: bool, on_step: Any) -> dict[str, Any]:
+           threads: int, t_start: float, progress_opts: tuple[bool, int | None], on_step: Any,
+           data: TokenData) -> dict[str, Any]:
     run = cfg.run
+    progress, progress_every = progress_opts
     B = run.batch_size
     if B % dist.world:
         raise ConfigError("run.batch_size", f"must be divisible by the {dist.world} processes", value=B)
@@ -236,14 +291,6 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
         raise ConfigError("run.micro_batch", f"must divide the {per_rank} rows per process", value=micro)
     n_micro = per_rank // micro
 
-    data: TokenData = load_token_data(cfg.data, cfg.model.seq_len)
-    if cfg.model.vocab_size < data.tokenizer.vocab_size:
-        raise ConfigError("model.vocab_size", f"smaller than the tokenizer's vocabulary "
-                          f"({data.tokenizer.vocab_size})", value=cfg.model.vocab_size)
-    max_id = data.max_id  # from the cache's meta.json: no scan of the mapped rows in every rank
-    if max_id >= cfg.model.vocab_size:
-        raise ConfigError("model.vocab_size", f"the data holds token id {max_id}; set vocab_size > {max_id} "
-                          "(tokenizer and data do not match)", value=cfg.model.vocab_size)
     val_rows = data.val_rows(run.val_tokens)
 
     torch.manual_seed(run.seed)
@@ -279,7 +326,8 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
         torch.cuda.reset_peak_memory_stats(device)
     diverge_at = 2.0 * math.log(cfg.model.vocab_size) + 1.0
 
-    bar = _progress_bar(progress and dist.is_main, total_steps, start, run_dir.name)
+    bar = _progress_bar(progress and dist.is_main, total_steps, start, run_dir.name, every=progress_every,
+                        tokens_per_step=tokens_per_step)
     tracker = make_tracker(run.track if dist.is_main else "none", run_dir, cfg.as_toml_dict())
     status, val_loss, val_se = "ok", float("nan"), float("nan")
     t_log, tokens_since = time.time(), 0
@@ -355,6 +403,7 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
             if start < total_steps and dist.is_main:
                 ck.save_checkpoint(run_dir, model=model, optimizers=opt, step=total_steps,
                                    extra={"wall_s": time.time() - t_start, "train_loss": last_loss})
+            bar.note(f"final evaluation on {val_rows.size(0) * (val_rows.size(1) - 1):,} validation tokens")
             try:
                 val_loss, val_se = val_loss_stats(model, val_rows, micro_batch=val_micro, device=device,
                                                   dtype=dtype, dist_world=dist.world, rank=dist.rank,
@@ -448,29 +497,68 @@ def _jsonl(rec: dict[str, Any]) -> str:
 
 
 class _progress_bar:
-    """A rich progress bar with loss and ETA (no-op when disabled)."""
+    """Progress of a run on stderr: a rich bar with loss and ETA on a terminal; elsewhere (a log file, a pipe,
+    a batch job) a plain line every ``every`` steps (default: every 5 % of the run) with the step, loss,
+    tokens/s and ETA, as people tail logs. No-op when disabled."""
 
-    def __init__(self, enabled: bool, total: int, start: int, name: str) -> None:
-        self.enabled = enabled
-        if enabled:
+    def __init__(self, enabled: bool, total: int, start: int, name: str, *, every: int | None = None,
+                 tokens_per_step: int = 0) -> None:
+        from loopscale.cli.app import err_console
+
+        self.enabled, self.total, self.start, self.done = enabled, total, start, start
+        self.live = enabled and err_console.is_terminal
+        self.every = max(1, every or -(-total // 20))
+        self.tokens_per_step = tokens_per_step
+        self._console = err_console
+        self._t0 = self._t_last = time.time()
+        self._last_step = start
+        if self.live:
+            from rich.markup import escape
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-            from loopscale.cli.app import err_console
 
             self._p = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                                TextColumn("{task.completed}/{task.total}"), TextColumn("loss {task.fields[loss]}"),
                                TimeRemainingColumn(), console=err_console, transient=True)
-            self._task = self._p.add_task(name, total=total, completed=start, loss="-")
+            self._task = self._p.add_task(escape(name), total=total, completed=start, loss="-")
+        elif enabled:
+            resumed = f", resuming at step {start}" if start else ""
+            self._say(f"{name}: {total} steps of {tokens_per_step:,} tokens{resumed}; a line every {self.every} steps")
 
     def __enter__(self) -> _progress_bar:
-        if self.enabled:
+        if self.live:
             self._p.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self.enabled:
+        if self.live:
             self._p.__exit__(*exc)
 
     def advance(self, loss: float) -> None:
-        if self.enabled:
+        self.done += 1
+        if self.live:
             self._p.update(self._task, advance=1, loss=f"{loss:.3f}")
+        elif self.enabled and (self.done % self.every == 0 or self.done == self.total):
+            self._say(self.line(loss, time.time()))
+
+    def line(self, loss: float, now: float) -> str:
+        """``step 40/200 (20%) loss 3.215 | 51,200 tok/s | elapsed 12s | ETA 48s``."""
+        steps = self.done - self._last_step
+        window = max(now - self._t_last, 1e-9)
+        per_step = (now - self._t0) / max(self.done - self.start, 1)
+        self._t_last, self._last_step = now, self.done
+        return (f"step {self.done}/{self.total} ({100 * self.done / max(self.total, 1):.0f}%) loss {loss:.4f} | "
+                f"{steps * self.tokens_per_step / window:,.0f} tok/s | elapsed {_hms(now - self._t0)} | "
+                f"ETA {_hms(per_step * (self.total - self.done))}")
+
+    def note(self, text: str) -> None:
+        """A stage worth a line in a log (the final evaluation can take minutes)."""
+        if self.enabled and not self.live:
+            self._say(text)
+
+    def _say(self, text: str) -> None:
+        self._console.print(text, highlight=False, markup=False, soft_wrap=True)
+
+
+def _hms(seconds: float) -> str:
+    s = round(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else (f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
