@@ -148,6 +148,13 @@ def test_a_diverged_run_exits_non_zero_and_keeps_its_record(tmp_path, capsys, mo
     assert json.loads((out / "result.json").read_text())["status"] == "diverged"
 
 
+def test_a_failed_run_exits_1_not_the_usage_code(tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    code, text = cli([str(tiny_toml(tmp_path)), "--out", str(out), "--set", "run.fail_at_step=2"], capsys)
+    line = one_line_error(code, text, expected_code=1)
+    assert "injected failure at step 2" in line
+
+
 def test_a_sweep_budget_typo_is_an_unknown_key_with_a_suggestion(tmp_path, capsys) -> None:
     spec = tmp_path / "spec.toml"
     spec.write_text("[sweep]\nname = 'x'\nbudget = [1e9]\nr = [1]\n")

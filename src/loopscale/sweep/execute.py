@@ -83,7 +83,7 @@ def execute_run(store: SweepStore, run_id: str, *, max_retries: int, on_step: Ca
         return begun
     lock, att = begun
     try:
-        ending = _attempt(rs, store.run_dir(run_id), _step_hook(lock, on_step))
+        ending = _attempt(rs, store.run_dir(run_id), _step_hook(lock, on_step), log=executor != "local")
         return _settle(store, rs, att, ending, max_retries)
     finally:
         lock.release()
@@ -164,8 +164,12 @@ def _step_hook(lock: Lock, on_step: Callable[[int, int], None] | None) -> Callab
 
 
 def _attempt(rs: Any, run_dir: Path, on_step: Callable[[int, int], None] | None,
-             setup: Callable[[], None] | None = None) -> _Ending:
-    """Call train() (after ``setup``, e.g. the rank's process group) and say how it ended; never raises."""
+             setup: Callable[[], None] | None = None, *, log: bool = False) -> _Ending:
+    """Call train() (after ``setup``, e.g. the rank's process group) and say how it ended; never raises.
+
+    ``log``: a worker whose output goes to a log file (``--isolate``, SLURM) prints train()'s plain
+    progress lines there; in the sweep's own process its progress display shows the run instead.
+    """
     from loopscale.train import RunInterrupted, TrainingFailed, train
     from loopscale.train.compiling import use_cache_dir
 
@@ -174,7 +178,7 @@ def _attempt(rs: Any, run_dir: Path, on_step: Callable[[int, int], None] | None,
     try:
         if setup is not None:
             setup()
-        return _Ending("result", result=train(rs.config, run_dir, progress=False, on_step=on_step))
+        return _Ending("result", result=train(rs.config, run_dir, progress=log, on_step=on_step))
     except (RunInterrupted, KeyboardInterrupt) as exc:
         return _Ending("interrupted", exc=exc)
     except ConfigError as err:
@@ -272,7 +276,8 @@ def _execute_ranks(store: SweepStore, run_id: str, *, max_retries: int, on_step:
             if decision.get("skip"):
                 return str(decision["skip"])
         hook = _step_hook(lock, on_step) if lock is not None else None
-        ending = _attempt(rs, store.run_dir(run_id), hook, setup=lambda: ctl.init_group(rs.config.run.device))
+        ending = _attempt(rs, store.run_dir(run_id), hook, setup=lambda: ctl.init_group(rs.config.run.device),
+                          log=executor != "local")
         if ctl.rank != 0:
             with contextlib.suppress(RuntimeError):  # rank 0 gone: the claim below gives up
                 ctl.post(f"end/{ctl.rank}", ending.message())

@@ -59,7 +59,9 @@ class RunInterrupted(LoopscaleError):
 
 
 class TrainingFailed(LoopscaleError):
-    """The run raised; result.json holds status 'failed' and the error."""
+    """The run raised; result.json holds status 'failed' and the error (exit status 1: not a usage error)."""
+
+    exit_code = 1
 
 
 class _Signals:
