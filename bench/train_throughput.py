@@ -3,8 +3,14 @@ and the ratio to plain PyTorch GPT training loops of the same shape.
 
     python bench/train_throughput.py [--widths 64 128] [--dtypes float32 bfloat16] [--compile]
 
-A step is what the trainer does: forward, backward, optimiser step, zero_grad. Three plain references
-(bench/plain_gpt.py), each an ordinary PyTorch loop:
+    python bench/train_throughput.py --widths 128 --L-eff 20 --dtypes float32 --rs 1 4 8 \
+        --nanogpt /path/to/nanoGPT --paper /path/to/looped-lm-scaling      # against the real code
+
+A step is what the trainer does: forward, backward, optimiser step, zero_grad. With ``--nanogpt`` and
+``--paper`` (clones, never vendored: bench/references.py) the same shape also runs nanoGPT's own
+model.py + AdamW and the paper's own nanochat/gpt.py + MuonAdamW (r = 1 and 4), and the table's last
+columns are the speed ratios to them. Without them, three plain references (bench/plain_gpt.py), each
+an ordinary PyTorch loop, stand in:
 
     nanoGPT adamw      nanoGPT's block (LayerNorm, GELU, learned positions) + torch AdamW
     paper-plain adamw  the paper's block written plainly + torch AdamW
@@ -50,6 +56,14 @@ def make_step(model, opts, x, device, dtype):
     return step
 
 
+def in_autocast(step, device, dtype):
+    def run() -> None:
+        with autocast(device, dtype):
+            step()
+
+    return run
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--widths", type=int, nargs="+", default=[64, 128])
@@ -65,6 +79,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--nanogpt", type=Path, default=None, help="a clone of karpathy/nanoGPT")
+    ap.add_argument("--paper", type=Path, default=None, help="a clone of kschwethelm/looped-lm-scaling")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -81,6 +97,19 @@ def main() -> None:
             for name, cls, optim in refs:
                 ref = cls(*shape).to(device)
                 variants[f"{name} {dtype}"] = (make_step(ref, plain_optimizer(ref, optim), x, device, dtype), None)
+            shape_kw = dict(vocab=args.vocab, d=d, head_dim=args.head_dim, seq_len=args.seq_len, x=x)
+            if args.nanogpt:
+                import references
+
+                variants[f"nanoGPT code {dtype}"] = (
+                    in_autocast(references.nanogpt_step(args.nanogpt, n_layer=args.L_eff, **shape_kw), device, dtype),
+                    None)
+            if args.paper:
+                import references
+
+                for r in (1, 4):
+                    variants[f"paper code r={r} {dtype}"] = (in_autocast(references.paper_step(
+                        args.paper, L_eff=args.L_eff, r=r, **shape_kw), device, dtype), None)
             for compiled in ([False, True] if args.compile else [False]):
                 for r, optim in [(r, "muonh") for r in args.rs] + [(1, "adamw")]:
                     cfg = ModelConfig(d_model=d, head_dim=args.head_dim, L_eff=args.L_eff, r=r,
@@ -116,7 +145,9 @@ def main() -> None:
         tok = args.batch * args.seq_len
         print(f"\nd_model={d} L_eff={args.L_eff} T={args.seq_len} batch={args.batch} head_dim={args.head_dim}")
         print(f"{'variant':>28} {'ms/step':>9} {'tokens/s':>10} {'GFLOP/s':>9} {'vs same':>8} {'vs nanoGPT':>10}"
-              f" {'vs r=1':>7}" + (f" {'MFU':>6} {'GiB':>6}" if device.type == "cuda" else ""))
+              f" {'vs r=1':>7}" + (f" {'MFU':>6} {'GiB':>6}" if device.type == "cuda" else "")
+              + (f" {'vs nanoGPT code':>15}" if args.nanogpt else "")
+              + (f" {'vs paper r=1':>12}" if args.paper else ""))
         med = {k: statistics.median(v) for k, v in times.items()}
         for name, (_, cfg) in variants.items():
             dtype = next(t for t in args.dtypes if f" {t}" in name)
@@ -140,6 +171,12 @@ def main() -> None:
             line = f"{name:>28} {t * 1e3:9.1f} {tok / t:10.0f} {gf} {same:8.2f} {nano:10.2f} {vr1}"
             if device.type == "cuda":
                 line += f" {row['mfu'] or 0:6.1%} {mem.get(name, 0):6.2f}"
+            if args.nanogpt:
+                row["speed_vs_nanogpt_code"] = med[f"nanoGPT code {dtype}"] / t
+                line += f" {row['speed_vs_nanogpt_code']:15.2f}"
+            if args.paper:
+                row["speed_vs_paper_code"] = med[f"paper code r=1 {dtype}"] / t
+                line += f" {row['speed_vs_paper_code']:12.2f}"
             print(line)
     if args.json:
         args.json.write_text(json.dumps({"hardware": hardware(), "results": results}, indent=1))
