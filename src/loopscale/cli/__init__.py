@@ -7,6 +7,7 @@ import sys
 import loopscale.cli.data  # (registers commands)
 import loopscale.cli.demo
 import loopscale.cli.eval
+import loopscale.cli.export
 import loopscale.cli.fit
 import loopscale.cli.report
 import loopscale.cli.sweep
