@@ -9,6 +9,7 @@ import loopscale.cli.demo
 import loopscale.cli.eval
 import loopscale.cli.export
 import loopscale.cli.fit
+import loopscale.cli.lm_eval
 import loopscale.cli.report
 import loopscale.cli.sweep
 import loopscale.cli.tokenizer
