@@ -397,7 +397,6 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
                 raise RunInterrupted(f"{run_dir}: stopped by signal {sig.caught} at step {done_steps}/"
                                      f"{total_steps}; checkpoint saved, rerun to resume", sig.caught)
 
-        tracker.close()
         measured = _measured_peak(device)
         if status == "ok":
             # The final evaluation can take minutes (tens of millions of tokens): checkpoint first, so a
@@ -416,6 +415,9 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
                                      sig.caught) from None
             if not math.isfinite(val_loss):
                 status = "diverged"
+            elif dist.is_main:  # the final validation reaches the tracker too, then it closes
+                tracker.log({"step": total_steps, "val_loss": val_loss, "val_loss_se": val_se})
+        tracker.close()
     steps_done = done_steps if total_steps > start else start
     tokens = steps_done * tokens_per_step
     wall = time.time() - t_start
