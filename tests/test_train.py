@@ -325,7 +325,7 @@ def test_val_loss_stats_are_the_mean_and_the_standard_error_over_rows() -> None:
     torch.manual_seed(0)
     model = LoopedLM(ModelConfig(**{**TINY_MODEL, "r": 2}))
     rows = torch.randint(0, model.cfg.vocab_size, (7, model.cfg.seq_len + 1))
-    mean, se = val_loss_stats(model, rows, micro_batch=3, device=torch.device("cpu"), dtype="float32")
+    mean, se, _ = val_loss_stats(model, rows, micro_batch=3, device=torch.device("cpu"), dtype="float32")
     with torch.no_grad():
         logits = model(rows[:, :-1])
         tok = torch.nn.functional.cross_entropy(logits.transpose(1, 2), rows[:, 1:], reduction="none").double()

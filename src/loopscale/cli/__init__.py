@@ -7,8 +7,11 @@ import sys
 import loopscale.cli.data  # (registers commands)
 import loopscale.cli.demo
 import loopscale.cli.eval
+import loopscale.cli.export
 import loopscale.cli.fit
+import loopscale.cli.lm_eval
 import loopscale.cli.report
+import loopscale.cli.sample
 import loopscale.cli.sweep
 import loopscale.cli.tokenizer
 import loopscale.cli.train  # noqa: F401  (registers commands)

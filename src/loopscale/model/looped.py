@@ -160,13 +160,20 @@ class LoopedLM(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, *, r: int | None = None,
-                 stop: int | None = None) -> torch.Tensor:
-        """Greedy decoding with the looped KV cache (logits cover the real vocabulary only)."""
+                 stop: int | None = None, temperature: float = 0.0, top_k: int | None = None,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """Decoding with the looped KV cache (logits cover the real vocabulary only): greedy by default;
+        ``temperature > 0`` samples from softmax(logits / temperature), over the ``top_k`` likeliest if given,
+        drawing from ``generator`` (seeded: the same tokens every time)."""
+        if temperature < 0:
+            raise ConfigError("temperature", "must be >= 0 (0: greedy)", value=temperature)
+        if top_k is not None and top_k < 1:
+            raise ConfigError("top_k", "must be a positive number of tokens", value=top_k)
         cache = KVCache()
         logits = self(idx, r=r, cache=cache)
         out = []
         for _ in range(max_new_tokens):
-            nxt = logits[:, -1].argmax(dim=-1, keepdim=True)
+            nxt = _pick(logits[:, -1], temperature, top_k, generator)
             out.append(nxt)
             if stop is not None and bool((nxt == stop).all()):
                 break
@@ -209,3 +216,16 @@ class LoopedLM(nn.Module):
             "N_norm": n(groups["norm"]),
             "N_total": n(self.parameters()),
         }
+
+
+def _pick(logits: torch.Tensor, temperature: float, top_k: int | None,
+          generator: torch.Generator | None) -> torch.Tensor:
+    """The next token [B, 1] from the last position's logits [B, V]: argmax at temperature 0, else a draw."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)

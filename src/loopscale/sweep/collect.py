@@ -17,7 +17,7 @@ from loopscale.sweep.store import SweepStore
 
 COLUMNS: tuple[str, ...] = ("run_id", "variant", "seed", "C", "r", "d_model", "n_prelude", "n_recur", "n_coda",
                             "N_once", "N_rec", "D", "val_loss", "flops_per_token", "status", "wall_s", "error")
-EXTRA: tuple[str, ...] = ("val_loss_se", "L_eff", "layout", "injection", "bptt_k", "seq_len", "batch_size",
+EXTRA: tuple[str, ...] = ("val_loss_se", "val_bpb", "L_eff", "layout", "injection", "bptt_k", "seq_len", "batch_size",
                           "steps", "flops", "tokens_per_param", "N_emb", "N_total", "vocab_size", "vocab_multiple",
                           "head_dim", "mlp_ratio", "hc_lanes", "attempts")
 
@@ -49,7 +49,8 @@ def runs_table(store: SweepStore) -> tuple[Any, dict[str, int]]:
     df = pd.DataFrame(rows, columns=list(COLUMNS + EXTRA))
     for col in ("r", "d_model", "n_prelude", "n_recur", "n_coda", "N_once", "N_rec", "seed", "attempts"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype("Int64")
-    for col in ("C", "D", "val_loss", "val_loss_se", "flops_per_token", "wall_s", "flops", "tokens_per_param"):
+    for col in ("C", "D", "val_loss", "val_loss_se", "val_bpb", "flops_per_token", "wall_s", "flops",
+                "tokens_per_param"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
     return df, missing
 

@@ -44,6 +44,8 @@ class RunConfig(StrictModel):
                                  "local sweep slot's share of them, / ranks)")
     keep_checkpoint: bool = Field(False, description="keep ckpt.pt after a finished run")
     track: Literal["none", "wandb", "tensorboard"] = "none"
+    wandb_project: str | None = Field(None, description="W&B project (default: $WANDB_PROJECT, else loopscale)")
+    wandb_entity: str | None = Field(None, description="W&B entity (default: $WANDB_ENTITY, else your default)")
     fail_at_step: int | None = Field(None, ge=0, description="testing: raise at this step")
 
     @model_validator(mode="before")

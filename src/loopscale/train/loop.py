@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import torch
 
@@ -123,7 +123,15 @@ def evaluate_loss(model: torch.nn.Module, rows: torch.Tensor, *, micro_batch: in
                   dtype: str, dist_world: int = 1, rank: int = 0) -> float:
     """Mean next-token loss (nats/token) over validation rows, sharded across ranks."""
     return val_loss_stats(model, rows, micro_batch=micro_batch, device=device, dtype=dtype,
-                          dist_world=dist_world, rank=rank)[0]
+                          dist_world=dist_world, rank=rank).loss
+
+
+class ValStats(NamedTuple):
+    """The validation estimate: mean loss (nats/token), its standard error over rows, bits per byte."""
+
+    loss: float
+    se: float
+    bpb: float | None = None
 
 
 class _EvalStopped(Exception):
@@ -133,16 +141,20 @@ class _EvalStopped(Exception):
 @torch.no_grad()
 def val_loss_stats(model: torch.nn.Module, rows: torch.Tensor, *, micro_batch: int, device: torch.device,
                    dtype: str, dist_world: int = 1, rank: int = 0,
-                   stop: Callable[[], bool] | None = None) -> tuple[float, float]:
-    """(mean loss, its standard error over rows): the validation estimate's own sampling noise.
+                   stop: Callable[[], bool] | None = None, token_bytes: torch.Tensor | None = None) -> ValStats:
+    """(mean loss, its standard error over rows, bits per byte): the validation estimate and its own sampling noise.
 
     Every run of a sweep is scored on the same rows, so this noise is shared by all runs (it shifts
     them together); it bounds how finely one run's loss is known, not the difference between runs.
-    ``stop`` is asked before every batch (the ranks agree); a yes raises ``_EvalStopped``.
+    ``stop`` is asked before every batch (the ranks agree); a yes raises ``_EvalStopped``. ``token_bytes``
+    (UTF-8 bytes per id, ``loopscale.data.token_bytes``) adds bits per byte: the nats of targets with bytes over
+    ln 2 x their bytes (nanochat's convention); without it ``bpb`` is None.
     """
     was_training = model.training
     model.eval()
-    total = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, tokens, sum and sum^2 of row means
+    # loss sum, tokens, sum and sum^2 of row means, nats of targets with bytes, their bytes
+    total = torch.zeros(6, dtype=torch.float64, device=device)
+    tb = token_bytes.to(device) if token_bytes is not None else None
     mine = rows[rank::dist_world]
     shard = -(-rows.size(0) // dist_world)  # the largest rank's rows: every rank asks ``stop`` as often
     for i in range(0, shard if stop is not None else mine.size(0), micro_batch):
@@ -156,17 +168,31 @@ def val_loss_stats(model: torch.nn.Module, rows: torch.Tensor, *, micro_batch: i
         with autocast(device, dtype):
             loss = model(x, y, reduction="none").view(y.shape).double()
         row_means = loss.mean(dim=1)
+        nb = tb[y].double() if tb is not None else torch.zeros_like(loss)
         total += torch.stack([loss.sum(), torch.tensor(float(y.numel()), dtype=torch.float64, device=device),
-                              row_means.sum(), row_means.square().sum()])
+                              row_means.sum(), row_means.square().sum(), (loss * (nb > 0)).sum(), nb.sum()])
     if dist_world > 1:
         torch.distributed.all_reduce(total)
     model.train(was_training)
     n_rows = rows.size(0)
     mean = float(total[0] / total[1])
+    bpb = float(total[4] / (math.log(2) * total[5])) if tb is not None and total[5] > 0 else None
     if n_rows < 2:
-        return mean, float("nan")
+        return ValStats(mean, float("nan"), bpb)
     var = max(0.0, float(total[3] - total[2] ** 2 / n_rows) / (n_rows - 1))
-    return mean, math.sqrt(var / n_rows)
+    return ValStats(mean, math.sqrt(var / n_rows), bpb)
+
+
+def val_token_bytes(cfg: TrainConfig, data: TokenData) -> torch.Tensor | None:
+    """UTF-8 bytes per id for bits per byte, or None where ids outside the tokenizer's vocabulary occur (shards)."""
+    from loopscale.data.token_bytes import token_bytes
+
+    table = token_bytes(data.tokenizer)
+    if data.max_id >= table.size:
+        return None
+    if cfg.data.bos_id is not None and cfg.data.bos_id < table.size:
+        table[cfg.data.bos_id] = 0  # the documents' separator is no text
+    return torch.from_numpy(table)
 
 
 def _any_rank(flag: bool, device: torch.device, world: int) -> bool:
@@ -331,7 +357,7 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
     bar = _progress_bar(progress and dist.is_main, total_steps, start, run_dir.name, every=progress_every,
                         tokens_per_step=tokens_per_step)
     tracker = make_tracker(run.track if dist.is_main else "none", run_dir, cfg.as_toml_dict())
-    status, val_loss, val_se = "ok", float("nan"), float("nan")
+    status, val_loss, val_se, val_bpb = "ok", float("nan"), float("nan"), None
     t_log, tokens_since = time.time(), 0
     with _Signals() as sig, bar:  # the signals also during the final evaluation
         model.train()
@@ -397,7 +423,6 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
                 raise RunInterrupted(f"{run_dir}: stopped by signal {sig.caught} at step {done_steps}/"
                                      f"{total_steps}; checkpoint saved, rerun to resume", sig.caught)
 
-        tracker.close()
         measured = _measured_peak(device)
         if status == "ok":
             # The final evaluation can take minutes (tens of millions of tokens): checkpoint first, so a
@@ -407,15 +432,19 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
                                    extra={"wall_s": time.time() - t_start, "train_loss": last_loss})
             bar.note(f"final evaluation on {val_rows.size(0) * (val_rows.size(1) - 1):,} validation tokens")
             try:
-                val_loss, val_se = val_loss_stats(model, val_rows, micro_batch=val_micro, device=device,
-                                                  dtype=dtype, dist_world=dist.world, rank=dist.rank,
-                                                  stop=lambda: sig.caught is not None)
+                val_loss, val_se, val_bpb = val_loss_stats(model, val_rows, micro_batch=val_micro, device=device,
+                                                           dtype=dtype, dist_world=dist.world, rank=dist.rank,
+                                                           stop=lambda: sig.caught is not None,
+                                                           token_bytes=val_token_bytes(cfg, data))
             except _EvalStopped:
                 raise RunInterrupted(f"{run_dir}: stopped by signal {sig.caught} during the final evaluation; "
                                      f"checkpoint at step {total_steps}/{total_steps} saved, rerun to evaluate",
                                      sig.caught) from None
             if not math.isfinite(val_loss):
                 status = "diverged"
+            elif dist.is_main:  # the final validation reaches the tracker too, then it closes
+                tracker.log({"step": total_steps, "val_loss": val_loss, "val_loss_se": val_se, "val_bpb": val_bpb})
+        tracker.close()
     steps_done = done_steps if total_steps > start else start
     tokens = steps_done * tokens_per_step
     wall = time.time() - t_start
@@ -423,6 +452,7 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
         "status": status,
         "val_loss": val_loss if status == "ok" else None,
         "val_loss_se": val_se if status == "ok" and math.isfinite(val_se) else None,
+        "val_bpb": val_bpb if status == "ok" else None,
         "train_loss": last_loss,
         "steps": steps_done,
         "total_steps": total_steps,
@@ -451,7 +481,7 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
         if status == "ok":
             ck.save_weights(run_dir, model)
             append_jsonl(run_dir / METRICS, {"step": steps_done, "tokens": tokens, "val_loss": val_loss,
-                                             "final": True})
+                                             "val_bpb": val_bpb, "final": True})
         atomic_write_json(run_dir / RESULT, result)
         if not cfg.run.keep_checkpoint:
             (run_dir / ck.CKPT).unlink(missing_ok=True)

@@ -21,8 +21,9 @@ CONFIG = "config.toml"
 # What the trainer (and `loopscale eval`'s per-run cache) writes into a run dir; --overwrite removes only these.
 ARTEFACTS = ("result.json", "metrics.jsonl", "ckpt.pt", "model.safetensors", CONFIG)
 ARTEFACT_DIRS = ("eval", "tb")
-# Not part of a run's identity: run.fail_at_step is a testing hook (an injected failure, then a retry).
-IGNORED = frozenset({"run.fail_at_step"})
+# Not part of a run's identity: run.fail_at_step is a testing hook (an injected failure, then a retry); where
+# the run is tracked on W&B does not change what it trains.
+IGNORED = frozenset({"run.fail_at_step", "run.wandb_project", "run.wandb_entity"})
 
 
 def config_text(cfg: Any) -> str:
