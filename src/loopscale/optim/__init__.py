@@ -17,11 +17,28 @@ Typical use in a trainer::
 The update rules, defaults and assumptions are written up in docs/optim.md.
 """
 
-from loopscale.optim.build import Optimizers, build_optimizers
+from typing import TYPE_CHECKING, Any
+
 from loopscale.optim.config import OptimConfig
-from loopscale.optim.muonh import MuonH, newton_schulz5, orthogonalize
 from loopscale.optim.schedules import cosine, linear_decay, lr_schedule, wsd
 from loopscale.optim.transfer import reference_lrs, resolve_lrs, tokens_ref, transfer_factors
+
+if TYPE_CHECKING:
+    from loopscale.optim.build import Optimizers, build_optimizers
+    from loopscale.optim.muonh import MuonH, newton_schulz5, orthogonalize
+
+# The optimisers need torch; configs, schedules and transfer rules do not (``loopscale info`` and
+# ``sweep plan`` read configs without paying torch's import): the torch names load on first use.
+_LAZY = {"Optimizers": "build", "build_optimizers": "build", "MuonH": "muonh", "newton_schulz5": "muonh",
+         "orthogonalize": "muonh"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"loopscale.optim.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'loopscale.optim' has no attribute {name!r}")
 
 __all__ = [
     "MuonH",
