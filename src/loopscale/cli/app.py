@@ -10,9 +10,9 @@ import sys
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
+from loopscale.console import console, err_console  # noqa: F401  (commands import them from here)
 from loopscale.errors import LoopscaleError
 
 app = typer.Typer(
@@ -22,12 +22,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-# Tables stay readable when piped (rich falls back to 80 columns without a terminal). Markup is off by
-# default: paths, run ids and error text hold square brackets (``spec.toml [run x]``) that rich would eat;
-# the few styled lines pass ``markup=True`` and escape what they interpolate.
-_width = None if sys.stdout.isatty() else 200
-console = Console(width=_width, markup=False)
-err_console = Console(stderr=True, width=_width, markup=False)
 _state = {"debug": False}
 
 

@@ -26,7 +26,6 @@ def train_tokenizer(
     from loopscale.data import sources
     from loopscale.data.hf_tokenizer import HFTokenizer, train_bpe
     from loopscale.errors import ConfigError
-    from loopscale.train.batches import _SUFFIXES
 
     if source not in ("text", "jsonl", "parquet"):
         raise ConfigError("--source", "expected text, jsonl or parquet", value=source)
@@ -39,7 +38,7 @@ def train_tokenizer(
 
         docs = list(build_default(DataConfig()).train_docs)
     else:
-        files = sources.expand_paths(paths, _SUFFIXES[source], "paths")
+        files = sources.expand_paths(paths, sources.SUFFIXES[source], "paths")
         if source == "text":
             docs = sources.read_text_files(files)
         elif source == "jsonl":

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from loopscale.data import cache
+from loopscale.data import cache, sources
 from loopscale.data.config import DataConfig
 from loopscale.data.tokenizer import Tokenizer
 from loopscale.errors import ConfigError
@@ -99,7 +99,6 @@ def make_tokenizer(cfg: DataConfig) -> Tokenizer:
 
 def _files_signature(cfg: DataConfig) -> list:
     """Sizes and mtimes of the user's files (and the tokenizer), so edited data invalidates the cache."""
-    from loopscale.data import sources
 
     sig = []
     if cfg.source != "default":
@@ -113,8 +112,7 @@ def _files_signature(cfg: DataConfig) -> list:
     return sig
 
 
-_SUFFIXES = {"text": (".txt", ".md"), "jsonl": (".jsonl", ".json"), "parquet": (".parquet",),
-             "shards": (".bin", ".u16", ".u32")}
+_SUFFIXES = sources.SUFFIXES
 
 
 def _cache_key(cfg: DataConfig, seq_len: int) -> str:
@@ -168,7 +166,6 @@ def _user_streams(cfg: DataConfig, tokenizer: Tokenizer):
     """The user's text/jsonl/parquet/shards as two document streams (train, then validation), the
     fingerprint they feed, the BOS id and the storage dtype. Nothing is held: each stream re-reads
     the files, and the hold-out (no ``val_paths``) costs one more counting pass and 1 B per document."""
-    from loopscale.data import sources
 
     shards = cfg.source == "shards"
     bos = cfg.bos_id if cfg.bos_id is not None else tokenizer.bos_id

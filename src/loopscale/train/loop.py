@@ -535,7 +535,7 @@ class _progress_bar:
 
     def __init__(self, enabled: bool, total: int, start: int, name: str, *, every: int | None = None,
                  tokens_per_step: int = 0) -> None:
-        from loopscale.cli.app import err_console
+        from loopscale.console import err_console
 
         self.enabled, self.total, self.start, self.done = enabled, total, start, start
         self.live = enabled and err_console.is_terminal
