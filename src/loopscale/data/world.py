@@ -1,6 +1,6 @@
 """The task world: a seeded, offline stand-in for the paper's five downstream axes (arXiv 2604.21106 §6).
 
-``build_world(cfg)`` returns training documents (strings mixed into the training stream), held-out
+``build_world(cfg, train_bytes=..., val_bytes=...)`` returns training documents (strings mixed into the training stream), held-out
 validation documents, and evaluation items, each a prompt with a gold continuation::
 
     knowledge  bio_qa            closed-book questions about people whose biographies are in training
@@ -617,19 +617,13 @@ def _axis_docs(seed: int, split: str, entities: list[Entity], budget: int, cfg: 
     return docs, fams
 
 
-def build_world(cfg: DataConfig, *, train_bytes: int | None = None, val_bytes: int | None = None) -> World:
+def build_world(cfg: DataConfig, *, train_bytes: int, val_bytes: int) -> World:
     """Generate the task world of ``cfg.seed``.
 
-    ``train_bytes`` / ``val_bytes`` are the sizes of the world's training and validation text;
-    by default they follow from the real text and ``cfg.world_share`` (see ``mixture.world_budget``).
-    Documents come grouped by family here; ``mixture`` interleaves them with the real text.
+    ``train_bytes`` / ``val_bytes`` are the sizes of the world's training and validation text
+    (``mixture.world_budget`` derives them from the real text and ``cfg.world_share``; the world knows
+    nothing of the real text). Documents come grouped by family here; ``mixture`` interleaves them.
     """
-    if train_bytes is None or val_bytes is None:
-        from loopscale.data.mixture import world_budget
-
-        tb, vb = world_budget(cfg)
-        train_bytes = tb if train_bytes is None else train_bytes
-        val_bytes = vb if val_bytes is None else val_bytes
     w = cfg.world
     seed = cfg.seed
     people = _population(_rng(seed, "population"), w.n_entities + w.n_unseen_entities)
