@@ -1,7 +1,7 @@
 """The task world: a seeded, offline stand-in for the paper's five downstream axes (arXiv 2604.21106 §6).
 
-``build_world(cfg, train_bytes=..., val_bytes=...)`` returns training documents (strings mixed into the training stream), held-out
-validation documents, and evaluation items, each a prompt with a gold continuation::
+``build_world(cfg, train_bytes=..., val_bytes=...)`` returns training documents (strings mixed into the
+training stream), held-out validation documents, and evaluation items, each a prompt with a gold continuation::
 
     knowledge  bio_qa            closed-book questions about people whose biographies are in training
                bio_qa_unseen     the same questions about people who never appear (control, not scored)
