@@ -21,20 +21,11 @@ from loopscale.fit.law import JointLaw
 from loopscale.fit.table import RunsTable, budget_values
 
 
-def _refit(law: JointLaw, runs: RunsTable, restarts: int) -> JointLaw | None:
-    if len(runs.df) < 6:
+def _refit(law: Any, runs: RunsTable, restarts: int) -> Any | None:
+    """The same law (and law variant) refitted on a subset; None when the subset has too few runs."""
+    if len(runs.df) <= 6:
         return None
-    clone = JointLaw(
-        loss=law.loss,
-        delta=law.delta,
-        phi=law.phi,
-        phi_bounds=law.phi_bounds,
-        restarts=restarts,
-        polish=law.polish,
-        seed=law.seed + 7,
-        box=law.box,
-    )
-    return clone.fit(runs, extra_starts=law.theta_[None])
+    return law.clone(restarts=restarts, seed=law.seed + 7).fit(runs, extra_starts=law.theta_[None])
 
 
 def _errors(law: JointLaw, runs: RunsTable) -> dict[str, Any]:
@@ -69,10 +60,14 @@ def extrapolation(law: JointLaw, runs: RunsTable, restarts: int = 100) -> dict[s
 
 
 def leave_one_r_out(law: JointLaw, runs: RunsTable, restarts: int = 100) -> dict[str, Any]:
-    """For each r: fit the other r values, predict this one."""
+    """For each r: fit the other r values, predict this one.
+
+    Needs three or more r values: with two, each refit sees a single r, where phi is undetermined (r = 1
+    alone) or confounded with A (one looped r alone), so "phi = 0 is worse held out" would mean nothing.
+    """
     out: dict[str, Any] = {}
     rs = sorted(set(runs.df["r"]))
-    if len(rs) < 2:
+    if len(rs) < 3:
         return out
     for r in rs:
         train = runs.subset(runs.df["r"] != r)
