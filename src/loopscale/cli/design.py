@@ -18,14 +18,23 @@ from loopscale.cli.app import app, console, err_console
 from loopscale.cli.numbers import count
 
 
-def planned_grid(spec: Any) -> Any:
-    """One row per planned baseline run: C, r, d_model, seed and the accounting's N_once, N_rec, D."""
+def planned_grid(spec: Any, r1_from: str | None = None) -> Any:
+    """One row per planned baseline run: C, r, d_model, seed and the accounting's N_once, N_rec, D.
+
+    ``r1_from``: the r = 1 runs are that variant's (loop-of-one controls, as `fit --r1-from` reads them)."""
     import pandas as pd
 
+    from loopscale.errors import ConfigError
     from loopscale.sweep import plan_row
 
+    runs = [rs for rs in spec.runs(["baseline"]) if r1_from is None or rs.r > 1]
+    if r1_from is not None:
+        control = [rs for rs in spec.runs([r1_from]) if rs.variant == r1_from and rs.r == 1]
+        if not control:
+            raise ConfigError("--r1-from", "no r = 1 runs of this variant in the spec", value=r1_from)
+        runs += control
     rows = []
-    for rs in spec.runs(["baseline"]):
+    for rs in runs:
         p = plan_row(rs, spec)
         rows.append({"run_id": rs.run_id, "C": rs.C, "r": rs.r, "d_model": rs.d_model, "seed": rs.seed,
                      "N_once": p.N_once, "N_rec": p.N_rec, "D": float(p.tokens)})
@@ -51,20 +60,26 @@ def _prior(prior: str, variant: str | None) -> tuple[dict[str, float], dict[str,
 
 
 def _noise(sigma: float | None, cell_sigma: float | None, noise_from: list[Path], prior: dict[str, float],
-           doc: dict[str, Any] | None) -> Any:
-    """Flags win; else estimated from a runs table (seeds where present); else the fit's residual RMSE."""
+           doc: dict[str, Any] | None, r1_from: str | None) -> Any:
+    """Flags win; else estimated from a runs table (seeds where present); else the fit's residual RMSE.
+
+    The runs are read as the design reads its grid: baseline runs, against ``r1_from``'s r = 1 runs if given."""
     from loopscale.fit import load_runs
     from loopscale.fit.design import Noise, estimate_noise
     from loopscale.fit.law import params_to_theta
 
+    def residual_noise(paths: Any) -> Any:
+        t = load_runs(paths)
+        t = t.with_r1_control(r1_from).for_variant(f"baseline@{r1_from}") if r1_from else t.for_variant("baseline")
+        return estimate_noise(t.df, params_to_theta(prior), source=t.source)
+
     est = None
     if noise_from:
-        t = load_runs(noise_from)
-        est = estimate_noise(t.df, params_to_theta(prior), source=t.source)
+        est = residual_noise(noise_from)
     elif doc is not None:
         src = Path(str((doc.get("source") or {}).get("path", "")))
         if src.is_file():
-            est = estimate_noise(load_runs(src).df, params_to_theta(prior), source=str(src))
+            est = residual_noise(src)
         else:
             rec = doc["variants"][doc.get("reference_variant") or next(iter(doc["variants"]))]
             est = Noise(float(rec["metrics"]["rmse"]), 0.0, "the fit's residual RMSE (its runs table is not here)")
@@ -81,6 +96,8 @@ def design(
     spec: str = typer.Argument(..., help="Planned sweep: a spec file, a sweep dir or a preset (paper, demo, study)."),
     prior: str = typer.Option("paper", "--prior", help="Law to simulate from: 'paper' or a fit file."),
     variant: str | None = typer.Option(None, "--variant", help="Variant of the prior fit file (default: reference)."),
+    r1_from: str | None = typer.Option(None, "--r1-from", help="Use this spec variant's r = 1 runs (loop-of-one "
+                                       "controls) as the r = 1 reference, as `fit --r1-from` does."),
     sigma: float | None = typer.Option(None, "--sigma", help="Per-run noise sd in nats (default: estimated)."),
     cell_sigma: float | None = typer.Option(None, "--cell-sigma", help="Noise sd shared by a (C, r) cell, nats."),
     noise_from: list[Path] = typer.Option([], "--noise-from", help="Runs table(s) to estimate both sds from."),
@@ -109,9 +126,9 @@ def design(
         raise ConfigError("--sims", "expected --sims >= 2, --bootstrap >= 0, --restarts >= 1", value=sims)
     t0 = time.perf_counter()
     sp = load_spec(spec, set_)
-    grid = planned_grid(sp)
+    grid = planned_grid(sp, r1_from)
     law, doc, prior_src = _prior(prior, variant)
-    noise = _noise(sigma, cell_sigma, noise_from, law, doc)
+    noise = _noise(sigma, cell_sigma, noise_from, law, doc, r1_from)
     fit_delta = delta
     if fit_delta is None:
         fit_delta = sp.fit.delta if "fit" in sp.raw else float(((doc or {}).get("settings") or {}).get("delta", 1e-3))
@@ -158,7 +175,7 @@ def _print(sp: Any, grid: Any, res: Any, rows: list[Any], best: Any, target: flo
     t.add_column("", justify="left")
     lvl = f"{100 * st.ci_level:.0f}%"
     t.add_row(f"expected {lvl} CI width", f"{res.ci_width:.3f}", f"sd {res.ci_width_sd:.3f} over simulations")
-    t.add_row("sampling width of φ̂", f"{res.sampling_width:.3f}", "2 z × robust sd of φ̂: a calibrated CI's width")
+    t.add_row("sampling width of φ̂", f"{res.sampling_width:.3f}", "2 z × sd of φ̂: a calibrated CI's width")
     t.add_row("bias (median φ̂ − φ)", f"{res.bias:+.4f}", "")
     t.add_row("coverage of the true φ", _pct(res.coverage), f"nominal {lvl}")
     t.add_row("P(CI excludes φ = 0)", _pct(res.reject_0), "a recurrence adds nothing: rejected")

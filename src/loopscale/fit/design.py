@@ -24,7 +24,8 @@ from 50 draws are the 2nd and 49th order statistics, which slightly widen the in
 :func:`search` ranks variants of the grid (drop a budget, drop the extreme widths, more seeds,
 scaled budgets) by cost in FLOPs and reports the cheapest whose expected CI width reaches a target.
 To stay interactive it uses the *sampling* spread of phi-hat over simulations without bootstraps
-(width = 2 z x robust sd), the width a calibrated CI would have.
+(width = 2 z x sd), the width a calibrated CI would have, with a quarter of the starts plus the prior
+as one more start, and common random numbers (a run kept by two variants has the same noise in both).
 """
 
 from __future__ import annotations
@@ -111,13 +112,25 @@ def estimate_noise(runs: pd.DataFrame, theta: np.ndarray, source: str = "runs ta
     return Noise(float(np.sqrt(run_var)), float(np.sqrt(cell_var)), f"{source} ({how})")
 
 
-def simulate_table(grid: pd.DataFrame, theta: np.ndarray, noise: Noise, rng: np.random.Generator,
-                   cells: np.ndarray | None = None) -> np.ndarray:
-    """One simulated val_loss per planned run (nats)."""
-    cells = grid_cells(grid) if cells is None else cells
+def _keyed_normal(keys: Iterable[str], seed: int, i: int) -> np.ndarray:
+    """One standard normal per key, the same for the same key in every grid (common random numbers: a grid
+    variant that keeps a run keeps its noise, so variants differ by design, not by draw)."""
+    import zlib
+
+    return np.array([np.random.default_rng([seed, i, zlib.crc32(k.encode())]).standard_normal() for k in keys])
+
+
+def simulate_table(grid: pd.DataFrame, theta: np.ndarray, noise: Noise, seed: int, i: int) -> np.ndarray:
+    """Simulated val_loss of every planned run (nats) in simulation ``i``."""
     clean = predict_theta(theta, grid["N_once"], grid["N_rec"], grid["D"], grid["r"])
-    u = noise.cell_sd * rng.standard_normal(int(cells.max()) + 1)
-    return clean + u[cells] + noise.run_sd * rng.standard_normal(len(grid))
+    C = budget_values(grid)
+    cell_keys = [f"cell|{c:.3g}|{r}" for c, r in zip(C, grid["r"], strict=True)]
+    seeds = grid["seed"] if "seed" in grid.columns else np.zeros(len(grid), dtype=int)
+    run_keys = [f"run|{c:.3g}|{r}|{n:.6g}|{sd}" for c, r, n, sd in
+                zip(C, grid["r"], grid["N_once"] + grid["N_rec"], seeds, strict=True)]
+    uniq, inv = np.unique(cell_keys, return_inverse=True)
+    u = _keyed_normal(uniq, seed, i)[inv.ravel()]
+    return clean + noise.cell_sd * u + noise.run_sd * _keyed_normal(run_keys, seed, i)
 
 
 # ---- one simulated study -------------------------------------------------------------------
@@ -126,13 +139,16 @@ def _one(job: tuple[pd.DataFrame, np.ndarray, Noise, DesignSettings, int, bool])
     grid, theta, noise, st, i, with_bootstrap = job
     rng = np.random.default_rng([st.seed, i])
     cells = grid_cells(grid)
-    L = simulate_table(grid, theta, noise, rng, cells)
+    L = simulate_table(grid, theta, noise, st.seed, i)
     data = LawData.from_arrays(grid["N_once"], grid["N_rec"], grid["D"], grid["r"], L)
     bounds = Bounds.paper(st.phi_bounds)
     if not np.all(L > 0):
         return {"phi": np.nan, "ci": (np.nan, np.nan), "at_bound": False, "bracketed": {}}
+    # The search (no bootstrap) also starts from the prior: it measures each grid's precision, and P(at box)
+    # still shows grids whose fits escape to the box. Full simulations use random starts only, as `fit` does.
+    extra = None if with_bootstrap else theta[None]
     best = multistart(data, bounds=bounds, loss=st.loss, delta=st.delta, restarts=st.restarts, polish=2,
-                      advance=16, seed=rng)[0]
+                      advance=16, seed=rng, extra_starts=extra)[0]
     phi = float(best.theta[PHI])
     span = bounds.upper[PHI] - bounds.lower[PHI]
     out: dict[str, Any] = {"phi": phi, "at_bound": bool(min(phi - bounds.lower[PHI], bounds.upper[PHI] - phi)
@@ -192,7 +208,7 @@ class DesignResult:
     sims: int
     ci_width: float  # mean over simulations of the bootstrap CI width
     ci_width_sd: float
-    sampling_width: float  # 2 z x robust sd of phi-hat: what a calibrated CI would span
+    sampling_width: float  # 2 z x sd of phi-hat (fits off the box): what a calibrated CI would span
     bias: float  # median phi-hat - phi
     coverage: float
     reject_0: float
@@ -211,13 +227,11 @@ def _z(level: float) -> float:
     return float(norm.ppf(0.5 + level / 2))
 
 
-def robust_sd(x: np.ndarray) -> float:
-    """Half the central 68% range: the sd for a normal spread, and not blown up by fits that hit the box."""
-    x = x[np.isfinite(x)]
-    if x.size < 3:
-        return float("nan")
-    lo, hi = np.percentile(x, [15.865, 84.135])
-    return float((hi - lo) / 2)
+def spread(x: np.ndarray, at_bound: np.ndarray) -> float:
+    """sd of phi-hat over the fits that did not end at the box (those are counted in ``at_bound`` instead:
+    one fit at -3 would otherwise decide the width)."""
+    x = x[np.isfinite(x) & ~at_bound]
+    return float(np.std(x, ddof=1)) if x.size >= 3 else float("nan")
 
 
 def simulate(grid: pd.DataFrame, prior: dict[str, float], noise: Noise, settings: DesignSettings | None = None,
@@ -234,13 +248,14 @@ def simulate(grid: pd.DataFrame, prior: dict[str, float], noise: Noise, settings
     rows = _run([(g, theta, noise, st, i, with_bootstrap) for i in range(st.sims)], st.workers, progress)
     phi_true = float(prior["phi"])
     phis = np.array([r["phi"] for r in rows], dtype=float)
+    bound = np.array([r["at_bound"] for r in rows], dtype=bool)
     z = _z(st.ci_level)
     res = DesignResult(
         n_runs=len(g), n_cells=int(grid_cells(g).max()) + 1, cost_flops=study_cost(g), phi_true=phi_true,
         noise=noise, settings=st, sims=len(rows), ci_width=float("nan"), ci_width_sd=float("nan"),
-        sampling_width=2 * z * robust_sd(phis), bias=float(np.nanmedian(phis) - phi_true),
+        sampling_width=2 * z * spread(phis, bound), bias=float(np.nanmedian(phis) - phi_true),
         coverage=float("nan"), reject_0=float("nan"), reject_1=float("nan"),
-        at_bound=float(np.mean([r["at_bound"] for r in rows])),
+        at_bound=float(np.mean(bound)),
     )
     if with_bootstrap and st.bootstrap:
         ci = np.array([r["ci"] for r in rows], dtype=float)
@@ -270,11 +285,14 @@ def check_grid(grid: pd.DataFrame) -> None:
 # ---- grid variants and the search ------------------------------------------------------------
 def variants(grid: pd.DataFrame, seeds: Iterable[int] = (1, 2, 3), scales: Iterable[float] = (0.5, 2.0)
              ) -> dict[str, pd.DataFrame]:
-    """Cheaper and dearer versions of a grid: as planned, each budget dropped, the extreme widths dropped,
-    more seeds per cell, all budgets scaled (same widths, D scaled with C)."""
+    """Cheaper and dearer versions of a grid: as planned, every other budget, each budget dropped, the extreme
+    widths dropped, fewer or more seeds per run, all budgets scaled (same widths, D scaled with C)."""
     out: dict[str, pd.DataFrame] = {"as planned": grid}
     C = budget_values(grid)
     budgets = sorted(set(C))
+    if len(budgets) >= 4:
+        half = budgets[::2]
+        out[f"every other budget ({len(half)} of {len(budgets)})"] = grid[np.isin(C, half)]
     if len(budgets) > 2:
         for c in budgets:
             out[f"without C = {c:.3g}"] = grid[c != C]
@@ -313,7 +331,7 @@ def search(grid: pd.DataFrame, prior: dict[str, float], noise: Noise, settings: 
     """Every grid variant, its cost and expected phi width (sampling spread, no bootstrap), cheapest first;
     and the cheapest that reaches ``target`` (None if none does)."""
     st = settings or DesignSettings()
-    st = DesignSettings(**{**asdict(st), "sims": sims})
+    st = DesignSettings(**{**asdict(st), "sims": sims, "restarts": max(20, st.restarts // 4)})
     base_cost = study_cost(grid)
     rows = []
     for name, g in variants(grid).items():
