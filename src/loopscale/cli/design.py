@@ -101,13 +101,13 @@ def design(
     sigma: float | None = typer.Option(None, "--sigma", help="Per-run noise sd in nats (default: estimated)."),
     cell_sigma: float | None = typer.Option(None, "--cell-sigma", help="Noise sd shared by a (C, r) cell, nats."),
     noise_from: list[Path] = typer.Option([], "--noise-from", help="Runs table(s) to estimate both sds from."),
-    sims: int = typer.Option(40, "--sims", help="Simulated studies (each a full fit with bootstrap)."),
+    sims: int = typer.Option(32, "--sims", help="Simulated studies (each a full fit with bootstrap)."),
     bootstrap: int = typer.Option(50, "--bootstrap", help="Cell resamples per simulated fit."),
     restarts: int = typer.Option(100, "--restarts", help="Random starts per simulated fit."),
     target: float | None = typer.Option(None, "--target-width", help="Search for the cheapest grid whose phi "
                                         "CI is at most this wide."),
     search_: bool = typer.Option(True, "--search/--no-search", help="Rank cheaper and dearer grid variants."),
-    search_sims: int = typer.Option(24, "--search-sims", help="Simulations per variant in the search."),
+    search_sims: int = typer.Option(20, "--search-sims", help="Simulations per variant in the search."),
     delta: float | None = typer.Option(None, "--delta", help="Huber delta of the simulated fits (default: the "
                                        "spec's [fit] table, else the prior fit's, else 1e-3)."),
     workers: int = typer.Option(0, "--workers", help="Processes (0: one per CPU core)."),

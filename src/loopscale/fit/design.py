@@ -24,8 +24,9 @@ from 50 draws are the 2nd and 49th order statistics, which slightly widen the in
 :func:`search` ranks variants of the grid (drop a budget, drop the extreme widths, more seeds,
 scaled budgets) by cost in FLOPs and reports the cheapest whose expected CI width reaches a target.
 To stay interactive it uses the *sampling* spread of phi-hat over simulations without bootstraps
-(width = 2 z x sd), the width a calibrated CI would have, with a quarter of the starts plus the prior
-as one more start, and common random numbers (a run kept by two variants has the same noise in both).
+(width = 2 z x sd), the width a calibrated CI would have, with an eighth of the starts (4 advanced to
+convergence instead of 16) plus the prior as one more start, and common random numbers (a run kept
+by two variants has the same noise in both).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class Noise:
 class DesignSettings:
     """How each simulated study is fitted (see the module docstring for why these defaults)."""
 
-    sims: int = 40
+    sims: int = 32
     bootstrap: int = 50
     restarts: int = 100
     bootstrap_random_starts: int = 2
@@ -148,7 +149,7 @@ def _one(job: tuple[pd.DataFrame, np.ndarray, Noise, DesignSettings, int, bool])
     # still shows grids whose fits escape to the box. Full simulations use random starts only, as `fit` does.
     extra = None if with_bootstrap else theta[None]
     best = multistart(data, bounds=bounds, loss=st.loss, delta=st.delta, restarts=st.restarts, polish=2,
-                      advance=16, seed=rng, extra_starts=extra)[0]
+                      advance=16 if with_bootstrap else 4, seed=rng, extra_starts=extra)[0]
     phi = float(best.theta[PHI])
     span = bounds.upper[PHI] - bounds.lower[PHI]
     out: dict[str, Any] = {"phi": phi, "at_bound": bool(min(phi - bounds.lower[PHI], bounds.upper[PHI] - phi)
@@ -245,6 +246,7 @@ def simulate(grid: pd.DataFrame, prior: dict[str, float], noise: Noise, settings
     theta = params_to_theta(prior)
     g = grid[list(REQUIRED)].reset_index(drop=True).astype(float)
     g["r"] = g["r"].astype(int)
+    g["seed"] = grid["seed"].to_numpy() if "seed" in grid.columns else 0  # keys each run's noise
     rows = _run([(g, theta, noise, st, i, with_bootstrap) for i in range(st.sims)], st.workers, progress)
     phi_true = float(prior["phi"])
     phis = np.array([r["phi"] for r in rows], dtype=float)
@@ -326,12 +328,12 @@ class SearchRow:
 
 
 def search(grid: pd.DataFrame, prior: dict[str, float], noise: Noise, settings: DesignSettings | None = None,
-           *, target: float | None = None, sims: int = 24,
+           *, target: float | None = None, sims: int = 20,
            progress: Callable[[str], None] | None = None) -> tuple[list[SearchRow], SearchRow | None]:
     """Every grid variant, its cost and expected phi width (sampling spread, no bootstrap), cheapest first;
     and the cheapest that reaches ``target`` (None if none does)."""
     st = settings or DesignSettings()
-    st = DesignSettings(**{**asdict(st), "sims": sims, "restarts": max(20, st.restarts // 4)})
+    st = DesignSettings(**{**asdict(st), "sims": sims, "restarts": max(10, st.restarts // 8)})
     base_cost = study_cost(grid)
     rows = []
     for name, g in variants(grid).items():

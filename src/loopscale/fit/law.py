@@ -467,13 +467,18 @@ def multistart(
     ends[keep], f[keep] = _lm_batch(ends[keep], sdata, sc, bounds, free, loss, delta, max_iter=200)
     order = np.argsort(f, kind="stable")
     chosen: list[np.ndarray] = []
+    chosen_f: list[float] = []
     for i in order:
         if not np.isfinite(f[i]):
             break
         if _distinct(chosen, ends[i]):
             chosen.append(ends[i])
+            chosen_f.append(float(f[i]))
         if len(chosen) >= max(polish, 1):
             break
+    if screen is not None and chosen:  # large table: polish on every run only the end points within 1% of
+        # the best screened objective (at most 3): each full polish costs as much as the whole screen
+        chosen = [t for t, fi in zip(chosen, chosen_f, strict=True) if fi <= chosen_f[0] * 1.01 + 1e-12][:3]
     minima = [_polish(t, data, c, bounds, free, loss, delta) for t in chosen]
     minima.sort(key=lambda m: m.objective)
     out: list[Minimum] = []

@@ -24,7 +24,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from loopscale.fit.law import PHI, JointLaw, LawData, _lm_batch, _polish, _single_thread, multistart, r2_score
+from loopscale.fit.law import (
+    PHI,
+    JointLaw,
+    LawData,
+    Screen,
+    _lm_batch,
+    _polish,
+    _single_thread,
+    multistart,
+    r2_score,
+)
 
 #: name of the variant in the fit file and on the CLI.
 NAME = "loop_tax"
@@ -80,10 +90,12 @@ class LoopTaxLaw:
         fixed = np.vstack([[m.theta for m in first], bounds.sample(12, np.random.default_rng(law.seed + 3))])
         warm = [first[0].theta]
         ones = np.ones((1, len(data)))
+        screen = Screen.of(data)  # large tables: the profile runs on the design points, the polish on every run
+        pdata, pw = (data, ones) if screen is None else (screen.data, screen.weights(ones[0]))
 
         def profile(s: float) -> float:  # the joint law's best objective on data shifted by s
             starts = np.vstack([warm[-1:], fixed])
-            ends, f = _lm_batch(starts, _shifted(data, s), ones, bounds, free, law.loss, law.delta, max_iter=60)
+            ends, f = _lm_batch(starts, _shifted(pdata, s), pw, bounds, free, law.loss, law.delta, max_iter=60)
             k = int(np.argmin(f))
             warm.append(ends[k])
             return float(f[k])
