@@ -13,7 +13,8 @@ real fitter (``law.multistart`` + the block bootstrap of ``bootstrap.refit_batch
 
 Reported (:func:`simulate`): mean CI width of phi, bias and spread of phi-hat, coverage of the true
 phi, P(the CI excludes 0), P(the CI excludes 1), the share of fits whose phi ended at its box, and
-per (C, r) cell the probability that the empirical optimum is bracketed by the widths.
+per (C, r) cell the probability that the empirical optimum is bracketed by the widths, and the share
+of simulated fits the verdict would call identified (its CI-width and box rules: fit/verdict.py).
 
 Where it is cheaper than `loopscale fit` (stated in every result): ``restarts`` random starts per
 simulated fit (default 100, not 500: the restart check of docs/fit.md finds the same optimum from
@@ -44,6 +45,7 @@ from loopscale.fit.bootstrap import cell_counts, percentile_ci, refit_batch
 from loopscale.fit.law import PHI, Bounds, LawData, multistart, params_to_theta, predict_theta
 from loopscale.fit.paper import PAPER_HUBER_DELTA
 from loopscale.fit.table import budget_values
+from loopscale.fit.verdict import MAX_CI_WIDTH
 
 REQUIRED = ("C", "r", "N_once", "N_rec", "D")
 
@@ -215,6 +217,7 @@ class DesignResult:
     reject_0: float
     reject_1: float
     at_bound: float
+    identified: float = float("nan")  # share the verdict would call identified (CI width, box; fit/verdict.py)
     bracketed: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
 
@@ -267,6 +270,12 @@ def simulate(grid: pd.DataFrame, prior: dict[str, float], noise: Noise, settings
         res.coverage = float(np.mean((ci[ok, 0] <= phi_true) & (phi_true <= ci[ok, 1])))
         res.reject_0 = float(np.mean((ci[ok, 0] > 0) | (ci[ok, 1] < 0)))
         res.reject_1 = float(np.mean((ci[ok, 0] > 1) | (ci[ok, 1] < 1)))
+        lo, hi = st.phi_bounds
+        tol = 1e-3 * (hi - lo)
+        width_all = np.where(ok, ci[:, 1] - ci[:, 0], np.inf)
+        ident = (ok & (width_all <= MAX_CI_WIDTH) & (width_all > 0) & ~bound
+                 & (ci[:, 0] > lo + tol) & (ci[:, 1] < hi - tol))
+        res.identified = float(np.mean(ident))
         keys = sorted({k for r in rows for k in r["bracketed"]}, key=lambda k: (float(k.split("|")[0]),
                                                                                  int(k.split("|")[1])))
         res.bracketed = {k: float(np.mean([r["bracketed"].get(k, False) for r in rows])) for k in keys}

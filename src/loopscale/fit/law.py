@@ -521,6 +521,7 @@ class JointLaw:
     restarts     random starts in the paper's box (500, the paper's)
     polish       distinct best end points polished by L-BFGS-B
     seed         seed of the random starts
+    advance      starts run to convergence after the batched screening (the rest stop there)
     """
 
     def __init__(
@@ -534,6 +535,7 @@ class JointLaw:
         polish: int = 8,
         seed: int = 0,
         box: dict | None = None,
+        advance: int = 64,
     ) -> None:
         self.loss = loss
         self.delta = delta
@@ -543,10 +545,11 @@ class JointLaw:
         self.polish = polish
         self.seed = seed
         self.box = box
+        self.advance = advance
 
     def clone(self, **overrides: Any) -> JointLaw:
         """An unfitted law with the same settings (``overrides`` replace some): what a refit starts from."""
-        keys = ("loss", "delta", "phi", "phi_bounds", "restarts", "polish", "seed", "box")
+        keys = ("loss", "delta", "phi", "phi_bounds", "restarts", "polish", "seed", "box", "advance")
         return type(self)(**{**{k: getattr(self, k) for k in keys}, **overrides})
 
     # -- fitting --
@@ -583,6 +586,7 @@ class JointLaw:
             polish=self.polish,
             seed=self.seed,
             extra_starts=extra_starts,
+            advance=self.advance,
         )
         if not minima:
             raise ConfigError(
