@@ -26,8 +26,8 @@ from 50 draws are the 2nd and 49th order statistics, which slightly widen the in
 scaled budgets) by cost in FLOPs and reports the cheapest whose expected CI width reaches a target.
 To stay interactive it uses the *sampling* spread of phi-hat over simulations without bootstraps
 (width = 2 z x sd), the width a calibrated CI would have, with an eighth of the starts (4 advanced to
-convergence instead of 16) plus the prior as one more start, and common random numbers (a run kept
-by two variants has the same noise in both).
+convergence instead of 16, the best one polished) plus the prior as one more start, and common random
+numbers (a run kept by two variants has the same noise in both).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from loopscale.fit._threads import single_thread_blas
 from loopscale.fit.bootstrap import cell_counts, percentile_ci, refit_batch
 from loopscale.fit.law import PHI, Bounds, LawData, multistart, params_to_theta, predict_theta
 from loopscale.fit.paper import PAPER_HUBER_DELTA
@@ -150,8 +151,9 @@ def _one(job: tuple[pd.DataFrame, np.ndarray, Noise, DesignSettings, int, bool])
     # The search (no bootstrap) also starts from the prior: it measures each grid's precision, and P(at box)
     # still shows grids whose fits escape to the box. Full simulations use random starts only, as `fit` does.
     extra = None if with_bootstrap else theta[None]
-    best = multistart(data, bounds=bounds, loss=st.loss, delta=st.delta, restarts=st.restarts, polish=2,
-                      advance=16 if with_bootstrap else 4, seed=rng, extra_starts=extra)[0]
+    best = multistart(data, bounds=bounds, loss=st.loss, delta=st.delta, restarts=st.restarts,
+                      polish=2 if with_bootstrap else 1, advance=16 if with_bootstrap else 4, seed=rng,
+                      extra_starts=extra)[0]
     phi = float(best.theta[PHI])
     span = bounds.upper[PHI] - bounds.lower[PHI]
     out: dict[str, Any] = {"phi": phi, "at_bound": bool(min(phi - bounds.lower[PHI], bounds.upper[PHI] - phi)
@@ -174,6 +176,16 @@ def _bracketed(grid: pd.DataFrame, L: np.ndarray) -> dict[str, bool]:
     return {f"{c:.3g}|{r}": bool(b) for c, r, b in zip(emp["C"], emp["r"], emp["bracketed"], strict=True)}
 
 
+_WORKER_BLAS: list[Any] = []
+
+
+def _worker_init() -> None:
+    """A worker limits BLAS to one thread for its whole life (2 workers on 2 cores; no per-fit cost)."""
+    ctx = single_thread_blas()
+    ctx.__enter__()
+    _WORKER_BLAS.append(ctx)
+
+
 def _run(jobs: list[Any], workers: int, progress: Callable[[int, int], None] | None) -> list[dict[str, Any]]:
     """Jobs in worker processes (fork: numpy and scipy are already imported), results in job order."""
     import multiprocessing as mp
@@ -182,13 +194,14 @@ def _run(jobs: list[Any], workers: int, progress: Callable[[int, int], None] | N
     workers = min(workers or (os.cpu_count() or 1), n)
     out: list[dict[str, Any] | None] = [None] * n
     if workers <= 1:
-        for i, job in enumerate(jobs):
-            out[i] = _one(job)
-            if progress:
-                progress(i + 1, n)
+        with single_thread_blas():  # once for all jobs: the fitter's own (nested) limits are then free
+            for i, job in enumerate(jobs):
+                out[i] = _one(job)
+                if progress:
+                    progress(i + 1, n)
         return [o for o in out if o is not None]
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init) as pool:
         futures = {pool.submit(_one, job): i for i, job in enumerate(jobs)}
         for done, fut in enumerate(as_completed(futures), start=1):
             out[futures[fut]] = fut.result()
