@@ -211,4 +211,6 @@ def _print(sp: Any, grid: Any, res: Any, rows: list[Any], best: Any, target: flo
             console.print(f"cheapest grid with a φ width ≤ {target:g}: [bold]{escape(best.name)}[/] "
                           f"({best.n_runs} runs, {best.cost_flops:.3g} FLOPs, width {best.sampling_width:.3f})",
                           highlight=False)
-    console.print(f"design: {wall:.1f} s ({count(res.n_runs * res.sims)} simulated runs fitted)", highlight=False)
+    n_search = sum(r.n_runs for r in rows) * search_sims
+    console.print(f"design: {wall:.1f} s ({res.sims} simulated studies of {res.n_runs} runs"
+                  + (f", {count(n_search)} simulated runs in the search" if rows else "") + ")", highlight=False)
