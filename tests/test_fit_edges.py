@@ -128,7 +128,7 @@ def test_plan_refuses_r_outside_the_fit_and_works_in_the_fits_units(tmp_path, ca
     fit = tmp_path / "fit.json"
     assert read_fit(fit)["tokens_per_step"] == 2048
     assert run_app(["plan", "-C", "6e11", "--fit", str(fit), "--r", "8"]) == 2
-    assert "outside the r the law was fitted on (1, 2, 4)" in capsys.readouterr().err
+    assert "outside the range of r the law was fitted on (1-4: r = 1, 2, 4)" in capsys.readouterr().err
     assert run_app(["plan", "-C", "6e11", "--fit", str(fit), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["plan"]
     assert [r["r"] for r in rows] == [1, 2, 4]

@@ -412,10 +412,11 @@ def plan(
         fitted_rs = [int(x) for x in doc["variants"][name].get("rs") or grids.PAPER_R]
         tps = doc.get("tokens_per_step") or grids.PAPER_TOKENS_PER_STEP
         verdict = phi_verdict(doc, name)
-    outside = sorted(set(r) - set(fitted_rs))
+    outside = sorted(x for x in set(r) if not min(fitted_rs) <= x <= max(fitted_rs))
     if outside:
-        raise ConfigError("--r", f"outside the r the law was fitted on ({', '.join(map(str, fitted_rs))}); the fit "
-                          "says nothing about r = " + ", ".join(map(str, outside)), value=outside)
+        raise ConfigError("--r", f"outside the range of r the law was fitted on ({min(fitted_rs)}-{max(fitted_rs)}: "
+                          f"r = {', '.join(map(str, fitted_rs))}); the fit says nothing about r = "
+                          + ", ".join(map(str, outside)), value=outside)
     template = _template(base, set_, source="--set")
     rows = make_plan(
         budget,
