@@ -11,6 +11,13 @@ from collections.abc import Callable
 from typing import Any
 
 
+def _plain(value: Any) -> Any:
+    """numpy scalars as Python ones, so a message says ``nan`` and ``3``, not ``np.float64(nan)``."""
+    if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+        return value.item()
+    return value
+
+
 class LoopscaleError(Exception):
     """An error caused by the user's input, not by loopscale."""
 
@@ -34,7 +41,7 @@ class ConfigError(LoopscaleError, ValueError):
 
     def _format(self) -> str:
         where = f"{self.source}: " if self.source else ""
-        got = "" if self.value is ... else f" (got {self.value!r})"
+        got = "" if self.value is ... else f" (got {_plain(self.value)!r})"
         return f"{where}{self.field}: {self.message}{got}"
 
     def with_source(self, source: str) -> ConfigError:

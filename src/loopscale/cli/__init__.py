@@ -6,6 +6,7 @@ import sys
 
 import loopscale.cli.data  # (registers commands)
 import loopscale.cli.demo
+import loopscale.cli.design
 import loopscale.cli.eval
 import loopscale.cli.export
 import loopscale.cli.fit

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from loopscale import grids
 from loopscale.cli.app import app, console, err_console
+from loopscale.cli.numbers import count
 
 
 def _template(base: dict[str, Any], overrides: list[str], source: str) -> dict[str, Any]:
@@ -61,10 +62,6 @@ def _ci(ci: Any, digits: int = 4) -> str:
     return f"[{_fmt(ci[0], digits)}, {_fmt(ci[1], digits)}]"
 
 
-def _m(n: float) -> str:
-    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
-
-
 @app.command()
 def fit(
     runs: list[Path] = typer.Argument(..., help="Runs table (CSV/Parquet) or sweep dir (runs.csv or */result.json); "
@@ -80,13 +77,19 @@ def fit(
                                      "phi among looped models, without the r = 1 baseline)."),
     reference: str | None = typer.Option(None, "--reference", help="Delta-phi reference (default: baseline)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Fit file (default: fit.json beside RUNS)."),
-    loss: str = typer.Option("huber", "--loss", help="Objective: huber (the paper's) or mse."),
-    delta: float = typer.Option(1e-3, "--delta", help="Huber delta (summed Huber in log space)."),
+    loss: str | None = typer.Option(None, "--loss", help="Objective: huber (the paper's) or mse "
+                                    "(default: the sweep's [fit] table, else huber)."),
+    delta: float | None = typer.Option(None, "--delta", help="Huber delta (summed Huber in log space; default: "
+                                       "the sweep's [fit] table, else 1e-3)."),
     phi_min: float = typer.Option(-3.0, "--phi-min", help="Lower bound of phi."),
     phi_max: float = typer.Option(3.0, "--phi-max", help="Upper bound of phi."),
     fix_phi: float | None = typer.Option(None, "--fix-phi", help="Fit with phi fixed to this value."),
     restricted: bool = typer.Option(True, "--restricted/--no-restricted", help="Also fit phi = 0 and phi = 1."),
     per_r: bool = typer.Option(True, "--per-r/--no-per-r", help="Also fit Chinchilla's law per r."),
+    law_variants: bool = typer.Option(True, "--law-variants/--no-law-variants", help="Also fit the loop_tax "
+                                      "variant (a loss factor on looped runs, its own phi), compared held out."),
+    compare: str | None = typer.Option(None, "--compare", help="Test phi, alpha, beta against 'paper' or a "
+                                       "fit file (bootstrap p-value and interval of the difference)."),
     checks: bool = typer.Option(True, "--checks/--no-checks", help="Extrapolation, leave-one-r-out, half split."),
     ci: float = typer.Option(0.95, "--ci", help="Confidence level of the percentile CIs."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random starts and resamples."),
@@ -98,8 +101,18 @@ def fit(
     from loopscale.fit import FitSettings, fit_runs, load_runs, write_fit
 
     table = load_runs(runs)
+    spec_fit, spec_path = _spec_fit_table(runs[0])
+    if spec_fit and (loss is None or delta is None):
+        used = {k: v for k, v in spec_fit.items() if (k == "loss" and loss is None) or (k == "delta" and delta is None)}
+        if used:
+            err_console.print(f"using [fit] {', '.join(f'{k} = {v}' for k, v in used.items())} from {spec_path}",
+                              highlight=False, markup=False)
+    loss = loss if loss is not None else str(spec_fit.get("loss", "huber"))
+    delta = delta if delta is not None else float(spec_fit.get("delta", 1e-3))
     if seed_means:
         table = table.seed_means()
+    elif len(table.df) > BIG_TABLE:
+        _hint_seed_means(table, bootstrap)
     if r1_from:
         table = table.with_r1_control(r1_from)
     if only_r:
@@ -126,16 +139,26 @@ def fit(
         checks=checks,
         variants=list(variant) or None,
         reference_variant=reference,
+        reference_r=min(only_r) if only_r and 1 not in only_r else None,
+        law_variants=("loop_tax",) if law_variants else (),
         template=template,
     )
+    reference_doc = _reference(compare)
     with err_console.status("fitting") as status:
         result = fit_runs(table, settings, progress=lambda msg: status.update(escape(msg)))  # spinners parse markup
+    if reference_doc is not None:
+        from loopscale.fit.compare import compare as compare_fits
+
+        result["compare"] = compare_fits(result, reference_doc, seed=seed)
     path = out or ((runs[0] if runs[0].is_dir() else runs[0].parent) / "fit.json")
     write_fit(path, result)
     if as_json:
         console.print_json(json.dumps(_summary(result), allow_nan=False, default=str))
     else:
         _print_fit(result, markdown)
+        _print_verdicts(result)
+        if result.get("compare"):
+            _print_compare(result["compare"], box.MARKDOWN if markdown else box.SIMPLE_HEAVY)
     for w in result["warnings"]:
         loud = "NOT identifiable" in w or "POORLY" in w or "did not converge" in w
         err_console.print(
@@ -145,9 +168,80 @@ def fit(
     err_console.print(f"fit file: {path}  ({result['wall_s']:.1f} s)")
 
 
+#: above this many runs `fit` says how long it will take and suggests --seed-means.
+BIG_TABLE = 2000
+
+
+def _spec_fit_table(path: Path) -> tuple[dict[str, Any], str]:
+    """The ``[fit]`` table of the sweep a runs table belongs to (a sweep dir, or runs.csv inside one)."""
+    import tomllib
+
+    folder = path if path.is_dir() else path.parent
+    spec = folder / "spec.toml"
+    if not spec.is_file():
+        return {}, ""
+    try:
+        data = tomllib.loads(spec.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}, ""
+    table = data.get("fit") if isinstance(data.get("fit"), dict) else {}
+    return {k: table[k] for k in ("loss", "delta") if k in table}, str(spec)
+
+
+def _hint_seed_means(table: Any, bootstrap: int) -> None:
+    """Large tables: say what to expect, and that averaging seeds first is far cheaper."""
+    df = table.df
+    points = len(df.groupby(["variant", "r", "N_once", "N_rec", "D"], sort=False))
+    msg = (f"{len(df)} runs: the fit polishes every bootstrap refit on all of them ({bootstrap} resamples), "
+           "progress below")
+    if points < len(df):
+        msg += f"; --seed-means fits the {points} design points' mean losses instead (much faster)"
+    err_console.print(msg, highlight=False)
+
+
+def _reference(compare: str | None) -> Any:
+    """'paper', or a fit file read up front (a bad path fails before the fit, not after)."""
+    if compare is None or compare == "paper":
+        return compare
+    from loopscale.fit import read_fit
+
+    return read_fit(Path(compare))
+
+
+def _verdicts(result: dict[str, Any]) -> dict[str, Any]:
+    from loopscale.fit.verdict import phi_verdict
+
+    return {name: phi_verdict(result, name) for name in result["variants"]}
+
+
+def _print_verdicts(result: dict[str, Any]) -> None:
+    """The same verdict the report shows: "identified" or "not identified, because ..."."""
+    for name, v in _verdicts(result).items():
+        colour = "green" if v.identified else "bold red"
+        console.print(f"[{colour}]{escape(name)}: φ {escape(v.sentence)}[/]", highlight=False, soft_wrap=True)
+        for c in v.caveats:
+            console.print(f"  caveat: {escape(c)}", highlight=False, soft_wrap=True)
+
+
+def _print_compare(cmp: dict[str, Any], style: box.Box) -> None:
+    t = Table(title=f"consistency with {cmp['reference']} ({cmp['variant']}, bootstrap)", box=style)
+    level = f"{100 * cmp['level']:.0f}%"
+    for c in ("quantity", "fitted", f"{level} CI", "reference", "difference", f"{level} CI of difference",
+              "p-value", "consistent"):
+        t.add_column(c, justify="right")
+    for row in cmp["rows"]:
+        ref = _fmt(row["reference"]) + (f" {_ci(row['reference_ci'])}" if row["reference_ci"] else "")
+        cons = "-" if row["consistent"] is None else ("yes" if row["consistent"] else "NO")
+        t.add_row(row["quantity"], _fmt(row["fitted"]), _ci(row["fitted_ci"]), ref,
+                  "-" if row["difference"] is None else f"{row['difference']:+.4f}", _ci(row["difference_ci"]),
+                  "-" if row["p_value"] is None else f"{row['p_value']:.3f}", cons)
+    console.print(t)
+
+
 def _summary(result: dict[str, Any]) -> dict[str, Any]:
     from loopscale.fit.fitfile import _clean
 
+    verdicts = _verdicts(result)
     out: dict[str, Any] = {"source": result["source"]["path"], "variants": {}, "delta_phi": []}
     for name, v in result["variants"].items():
         cis = v["bootstrap"].get("ci", {})
@@ -162,9 +256,16 @@ def _summary(result: dict[str, Any]) -> dict[str, Any]:
                          **{k: x.get("held_out") for k, x in v["restricted"].items()}},
             "converged": v["law"]["converged"],
             "at_bounds": v["law"]["at_bounds"],
+            "verdict": verdicts[name].as_dict(),
+            "law_variants": {k: {key: x.get(key) for key in ("phi", "kappa", "r2", "rmse", "held_out")}
+                             for k, x in (v.get("law_variants") or {}).items()},
         }
+        out["variants"][name]["held_out"].update(
+            {k: x.get("held_out") for k, x in (v.get("law_variants") or {}).items()})
     for d in result["delta_phi"]:
         out["delta_phi"].append({k: d[k] for k in ("reference", "variant", "delta_phi", "ci", "fraction_above_zero")})
+    if result.get("compare"):
+        out["compare"] = result["compare"]
     out["warnings"] = result["warnings"]
     return _clean(out)
 
@@ -189,8 +290,12 @@ def _print_fit(result: dict[str, Any], markdown: bool) -> None:
         t.add_row("RMSE (nats)", _fmt(v["metrics"]["rmse"]), per_r)
         for key, rf in v["restricted"].items():
             t.add_row(f"R^2 restricted {key}", _fmt(rf["r2"]), f"RMSE {rf['rmse']:.4f}")
+        for key, lv in (v.get("law_variants") or {}).items():
+            t.add_row(f"R^2 {key}", _fmt(lv["r2"]),
+                      f"RMSE {lv['rmse']:.4f}; phi {_fmt(lv['phi'])}, looped-loss factor 1{lv['kappa']:+.3f}")
         for label, ho in (("free", (v.get("checks") or {}).get("held_out")),
-                          *((k, rf.get("held_out")) for k, rf in v["restricted"].items())):
+                          *((k, rf.get("held_out")) for k, rf in v["restricted"].items()),
+                          *((k, lv.get("held_out")) for k, lv in (v.get("law_variants") or {}).items())):
             if ho:
                 t.add_row(f"held-out RMSE {label}", _fmt(ho["extrapolation_rmse"]),
                           f"top budget; leave-one-r-out {_fmt(ho['leave_one_r_out_rmse'])}")
@@ -248,8 +353,8 @@ def _print_frontier(result: dict[str, Any], style: box.Box, level: str) -> None:
             f"{row['C']:.3g}",
             str(row["r"]),
             f"{row['d']:.0f}",
-            _m(row["N"]),
-            f"{row['D'] / 1e9:.3g}B",
+            count(row["N"]),
+            count(row["D"]),
             f"{row['tokens_per_param']:.1f}",
             f"{row['L']:.4f}",
             f"{row['gap_to_r1']:+.4f}",
@@ -267,7 +372,8 @@ def plan(
     variant: str | None = typer.Option(None, "--variant", help="Variant of the fit file (default: reference)."),
     r: list[int] = typer.Option([], "--r", help="Recurrences to plan (default: 1 2 4 8)."),
     set_: list[str] = typer.Option([], "--set", help="Template override, e.g. model.seq_len=1024"),
-    tokens_per_step: int = typer.Option(grids.PAPER_TOKENS_PER_STEP, help="Global batch in tokens."),
+    tokens_per_step: int | None = typer.Option(None, help="Global batch in tokens (default: the fit's runs', "
+                                               "else the paper's 2^18)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Recommend (r, width, tokens) per r at budget C, with the predicted loss and its CI."""
@@ -287,6 +393,7 @@ def plan(
         raise ConfigError("--budget", "expected a positive FLOP budget, e.g. 1e19", value=budget)
     if (fit_file is None) == (not paper):
         raise ConfigError("--fit", "give exactly one of --fit FIT or --paper")
+    verdict = None
     if paper:
         law = JointLaw.from_params(**PAPER_COEFFICIENTS)
         draws, base, phi_ci, src = (
@@ -295,18 +402,30 @@ def plan(
             PAPER_PHI_CI,
             "paper's published coefficients",
         )
+        fitted_rs, tps = list(grids.PAPER_R), grids.PAPER_TOKENS_PER_STEP
     else:
+        from loopscale.fit.verdict import phi_verdict
+
         doc = read_fit(fit_file)  # type: ignore[arg-type]
         law, draws = law_from_fit(doc, variant)
         base, phi_ci, src = dict(doc.get("template") or grids.PAPER_MODEL), None, str(fit_file)
+        name = variant or doc.get("reference_variant") or next(iter(doc["variants"]))
+        fitted_rs = [int(x) for x in doc["variants"][name].get("rs") or grids.PAPER_R]
+        tps = doc.get("tokens_per_step") or grids.PAPER_TOKENS_PER_STEP
+        verdict = phi_verdict(doc, name)
+    outside = sorted(x for x in set(r) if not min(fitted_rs) <= x <= max(fitted_rs))
+    if outside:
+        raise ConfigError("--r", f"outside the range of r the law was fitted on ({min(fitted_rs)}-{max(fitted_rs)}: "
+                          f"r = {', '.join(map(str, fitted_rs))}); the fit says nothing about r = "
+                          + ", ".join(map(str, outside)), value=outside)
     template = _template(base, set_, source="--set")
     rows = make_plan(
         budget,
         law=law,
         template=template,
         draws=draws,
-        rs=list(r) or None,
-        tokens_per_step=tokens_per_step,
+        rs=list(r) or fitted_rs,
+        tokens_per_step=int(tokens_per_step or tps),
         phi_ci=phi_ci,
     )
     if not rows:
@@ -314,7 +433,10 @@ def plan(
     if as_json:
         from loopscale.fit.fitfile import _clean
 
-        console.print_json(json.dumps(_clean({"budget": budget, "source": src, "template": template, "plan": rows})))
+        console.print_json(json.dumps(_clean({"budget": budget, "source": src, "template": template,
+                                              "tokens_per_step": int(tokens_per_step or tps),
+                                              "verdict": None if verdict is None else verdict.as_dict(),
+                                              "plan": rows})))
         return
     t = Table(
         title=f"plan at C = {budget:.3g} FLOPs ({src}; phi = {'-' if law.phi_ is None else f'{law.phi_:.3f}'})",
@@ -342,11 +464,11 @@ def plan(
             str(row["r"]),
             row["layout"],
             str(row["d_model"]),
-            _m(row["N_once"]),
-            _m(row["N_rec"]),
-            _m(row["N_eq"]),
-            _m(row["N_cost"]),
-            f"{row['D'] / 1e9:.3g}B",
+            count(row["N_once"]),
+            count(row["N_rec"]),
+            count(row["N_eq"]),
+            count(row["N_cost"]),
+            count(row["D"]),
             f"{row['tokens_per_param']:.1f}",
             str(row["steps"]),
             f"{row['loss']:.4f}",
@@ -354,11 +476,18 @@ def plan(
             "-" if row["gap_to_r1"] is None else f"{row['gap_to_r1']:+.4f}",
         )
     console.print(t)
+    if verdict is not None:
+        colour = "green" if verdict.identified else "bold red"
+        console.print(f"[{colour}]φ {escape(verdict.sentence)}[/]", highlight=False, soft_wrap=True)
+        if not verdict.identified:
+            console.print("the looped rows rest on a φ the fit does not pin down; treat their losses as "
+                          "unknown", highlight=False)
     kinds = {row["ci_kind"] for row in rows if row["ci_kind"]}
     if kinds:
         console.print(f"CI: {', '.join(sorted(kinds))}", highlight=False)
     best = min(rows, key=lambda row: row["loss"])
     console.print(
-        f"lowest predicted loss: r = {best['r']} at d_model = {best['d_model']} on {best['D'] / 1e9:.3g}B tokens",
+        f"lowest predicted loss: r = {best['r']} at d_model = {best['d_model']} on {count(best['D'])} tokens "
+        f"({best['steps']} steps of {count(int(tokens_per_step or tps))} tokens)",
         highlight=False,
     )

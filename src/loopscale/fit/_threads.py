@@ -51,9 +51,25 @@ def _openblas_libs() -> list[tuple[ctypes.CDLL, str, str]]:
     return out
 
 
+_depth = [0]  # nesting depth: only the outermost block pays for finding the BLAS libraries (~20 ms)
+
+
 @contextmanager
 def single_thread_blas() -> Iterator[None]:
-    """Limit BLAS to one thread inside the block (restored on exit)."""
+    """Limit BLAS to one thread inside the block (restored on exit); nested blocks cost nothing."""
+    if _depth[0]:
+        yield
+        return
+    _depth[0] += 1
+    try:
+        with _limit():
+            yield
+    finally:
+        _depth[0] -= 1
+
+
+@contextmanager
+def _limit() -> Iterator[None]:
     import scipy.optimize  # noqa: F401  (loads scipy's own OpenBLAS, so it is limited too)
 
     try:

@@ -25,7 +25,8 @@ from loopscale.fit import optima
 from loopscale.fit.bootstrap import cell_counts, percentile_ci, refit_batch
 from loopscale.fit.law import LOSSES, JointLaw, LawData, theta_to_params
 from loopscale.fit.paper import PAPER_BOOTSTRAP, PAPER_HUBER_DELTA, PAPER_RESTARTS
-from loopscale.fit.table import as_runs, budget_values, is_control_refit
+from loopscale.fit.table import as_runs, budget_values, is_control_refit, tokens_per_step
+from loopscale.fit.verdict import data_rule
 
 COEFFICIENTS = ("E", "A", "B", "alpha", "beta", "phi")
 
@@ -50,6 +51,8 @@ class FitSettings:
     checks_restarts: int = 100
     variants: list[str] | None = None
     reference_variant: str | None = None
+    reference_r: int | None = None  # a looped-only fit's declared reference r (CLI: --r without 1)
+    law_variants: tuple[str, ...] = ("loop_tax",)  # beyond phi = 0 / 1: fit/structure.py
     template: dict[str, Any] = field(default_factory=lambda: dict(grids.PAPER_MODEL))
 
     def validate(self) -> None:
@@ -134,21 +137,9 @@ def _metrics(law: JointLaw) -> dict[str, Any]:
     }
 
 
-def identifiability_warnings(df: pd.DataFrame, variant: str) -> list[str]:
-    looped = df[df["r"] > 1]
-    if not len(looped):
-        return [
-            f"[{variant}] phi is NOT identifiable: the table has no r > 1 runs; fitted the Chinchilla law "
-            "L = E + A N^-alpha + B D^-beta with N = N_once + N_rec, phi undetermined"
-        ]
-    out = []
-    widths = looped.assign(_N=looped["N_once"] + looped["N_rec"]).groupby("r")["_N"].nunique()
-    if (widths <= 1).all():
-        out.append(
-            f"[{variant}] phi is POORLY identifiable: every r > 1 has a single width, so phi rests on one "
-            "model size per r; add widths"
-        )
-    return out
+def identifiability_warnings(df: pd.DataFrame, variant: str, reference_r: int | None = None) -> list[str]:
+    """The data rule's warnings for one variant's runs (``verdict.data_rule``), tagged with the variant."""
+    return [f"[{variant}] {w}" for w in data_rule(df, reference_r=reference_r).warnings]
 
 
 # ---- the fit ---------------------------------------------------------------------------------
@@ -197,7 +188,8 @@ def fit_runs(
         vdf = vruns.df
         fits = None
         rs = sorted(int(r) for r in set(vdf["r"]))
-        warnings_ += identifiability_warnings(vdf, v)
+        rule = data_rule(vdf, phi_free=settings.fixed_phi is None, reference_r=settings.reference_r)
+        warnings_ += [f"[{v}] {w}" for w in rule.warnings]
         say(f"[{v}] joint law: {settings.restarts} starts on {len(vdf)} runs")
         law = settings.law().fit(vruns)
         rec: dict[str, Any] = {
@@ -205,6 +197,7 @@ def fit_runs(
             "rs": rs,
             "law": _law_record(law),
             "metrics": _metrics(law),
+            "identifiability": rule.as_dict(),
         }
         if not law.converged_:
             warnings_.append(f"[{v}] the optimiser did not converge ({law.message_})")
@@ -233,6 +226,7 @@ def fit_runs(
                 if settings.checks:
                     rec["restricted"][f"phi={phi:g}"]["held_out"] = checks_mod.run_checks(
                         rl, vruns, restarts=settings.checks_restarts, split=False)["held_out"]
+        rec["law_variants"] = _law_variants(law, vruns, settings, say, v) if law.phi_identifiable_ else {}
         rec["per_r"] = {}
         if settings.per_r:
             for r in rs:
@@ -269,6 +263,7 @@ def fit_runs(
                 delta=settings.delta,
                 random_starts=settings.bootstrap_random_starts,
                 seed=settings.seed + 1,
+                progress=lambda done, total, v=v: say(f"[{v}] bootstrap: {done}/{total} resamples"),
             )
             P = {k: np.array([theta_to_params(t)[k] for t in fits.theta]) for k in COEFFICIENTS}
             if law.phi_ is None:
@@ -297,6 +292,12 @@ def fit_runs(
         if settings.checks:
             say(f"[{v}] validation: extrapolation, leave-one-r-out, half split")
             rec["checks"] = checks_mod.run_checks(law, vruns, restarts=settings.checks_restarts)
+            if law.phi_ is not None and len(rs) == 2:
+                warnings_.append(
+                    f"[{v}] leave-one-r-out skipped: with two r values each refit sees one r, where φ is "
+                    "undetermined or confounded with A, so held-out comparisons of φ = 0 / 1 rest on the "
+                    "top-budget extrapolation alone"
+                )
         out_variants[v] = rec
 
     delta_phi = []
@@ -331,6 +332,7 @@ def fit_runs(
         "settings": {**asdict(settings), "template": template},
         "template": template,
         "budgets": budgets,
+        "tokens_per_step": tokens_per_step(df_all),
         "reference_variant": ref,
         "resamples": {
             "unit": unit,
@@ -344,6 +346,40 @@ def fit_runs(
         "warnings": warnings_,
         "wall_s": time.perf_counter() - t_start,
     }
+
+
+def _law_variants(law: JointLaw, vruns: Any, settings: FitSettings, say: Callable[[str], None],
+                  v: str) -> dict[str, Any]:
+    """Law variants beyond phi = 0 / 1 (``structure.NAME``: a loop-structure factor), each with its own
+    phi, judged by the same held-out errors as the free and restricted laws. Adding one: a class with
+    ``clone``, ``fit`` and ``predict`` (see ``structure.LoopTaxLaw``) and a line here."""
+    from loopscale.fit import structure
+
+    out: dict[str, Any] = {}
+    for name in settings.law_variants:
+        if name != structure.NAME:
+            raise ConfigError("--law-variant", f"unknown law variant; expected {structure.NAME}", value=name)
+        if settings.fixed_phi is not None or not (vruns.df["r"] == 1).any():
+            continue
+        say(f"[{v}] law variant {name}")
+        # Half the checks' starts: every fit of the variant is warm-started (from the free law's optimum, or
+        # the variant's own for its held-out refits) and its profile re-tries 12 fixed random starts at each s.
+        restarts = max(settings.checks_restarts // 2, 20)
+        base = settings.law(restarts=restarts)
+        tl = structure.LoopTaxLaw(base).fit(vruns, extra_starts=law.theta_[None])
+        out[name] = {
+            "params": tl.params_,
+            "phi": tl.phi_,
+            "kappa": tl.kappa_,
+            "objective": tl.objective_,
+            "converged": tl.converged_,
+            "r2": tl.r2_,
+            "rmse": tl.rmse_,
+            "n_runs": tl.n_runs_,
+        }
+        if settings.checks:
+            out[name]["held_out"] = checks_mod.run_checks(tl, vruns, restarts=restarts, split=False)["held_out"]
+    return out
 
 
 def _theta_of(minimum: dict[str, Any]) -> np.ndarray:

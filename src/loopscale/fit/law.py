@@ -372,6 +372,53 @@ def _distinct(thetas: list[np.ndarray], theta: np.ndarray) -> bool:
     return all(np.any(np.abs(theta - t) > tol) for t in thetas)
 
 
+#: above this many runs, the batched screening of starts runs on the design points (see ``Screen``).
+SCREEN_ROWS = 1024
+
+
+@dataclass(frozen=True)
+class Screen:
+    """The table the batched Levenberg-Marquardt stages run on when it has more than ``SCREEN_ROWS`` runs.
+
+    Why: the batched stages cost starts x runs x steps (10,000 runs: 576 s and 3.4 GB for the default fit),
+    but they only decide *where* L-BFGS-B starts; the fit itself is always L-BFGS-B on every run. Runs of
+    one design point (r, N_once, N_rec, D: seeds) become one row with their mean loss and their summed
+    weight; above ``SCREEN_ROWS`` design points a fixed random subset of them is kept, reweighted.
+    """
+
+    data: LawData
+    group: np.ndarray  # (n,) row of ``data`` each run maps to; -1 for runs left out of the subset
+    scale: float
+
+    @classmethod
+    def of(cls, data: LawData, limit: int = SCREEN_ROWS) -> Screen | None:
+        if len(data) <= limit:
+            return None
+        key = np.stack([data.r, np.round(np.log(data.N_once + 1.0), 9), np.round(np.log(data.N_rec + 1.0), 9),
+                        np.round(data.log_D, 9)], axis=1)
+        _, first, group = np.unique(key, axis=0, return_index=True, return_inverse=True)
+        group = group.ravel()
+        m = len(first)
+        scale = 1.0
+        if m > limit:  # too many design points: a fixed random subset of them (seed 0: reproducible)
+            keep = np.sort(np.random.default_rng(0).choice(m, limit, replace=False))
+            new = np.full(m, -1)
+            new[keep] = np.arange(limit)
+            group, first, scale, m = new[group], first[keep], m / limit, limit
+        mean_L = np.bincount(group[group >= 0], weights=data.L[group >= 0], minlength=m)
+        mean_L /= np.bincount(group[group >= 0], minlength=m)
+        d = LawData.from_arrays(data.N_once[first], data.N_rec[first], np.exp(data.log_D[first]), data.r[first], mean_L)
+        return cls(d, group, scale)
+
+    def weights(self, w: np.ndarray) -> np.ndarray:
+        """Run weights (n,) or (S, n) -> design-point weights (S, m): the sum over each point's runs."""
+        w2 = np.atleast_2d(np.asarray(w, dtype=float))
+        keep = self.group >= 0
+        out = np.zeros((len(self.data), len(w2)))
+        np.add.at(out, self.group[keep], w2[:, keep].T)
+        return out.T * self.scale
+
+
 @_single_thread
 def multistart(
     data: LawData,
@@ -411,20 +458,27 @@ def multistart(
         starts = np.vstack([np.atleast_2d(extra_starts), starts])
     if not free[PHI]:
         starts[:, PHI] = phi_value
+    screen = Screen.of(data)
+    sdata, sc = (data, c[None]) if screen is None else (screen.data, screen.weights(c))
     # Stage 1: every start, a few damped Gauss-Newton steps (most reach their basin in ~20).
-    ends, f = _lm_batch(starts, data, c[None], bounds, free, loss, delta, max_iter=screen_iter)
+    ends, f = _lm_batch(starts, sdata, sc, bounds, free, loss, delta, max_iter=screen_iter)
     # Stage 2: the most promising starts run to convergence.
     keep = np.argsort(f, kind="stable")[: max(advance, polish)]
-    ends[keep], f[keep] = _lm_batch(ends[keep], data, c[None], bounds, free, loss, delta, max_iter=200)
+    ends[keep], f[keep] = _lm_batch(ends[keep], sdata, sc, bounds, free, loss, delta, max_iter=200)
     order = np.argsort(f, kind="stable")
     chosen: list[np.ndarray] = []
+    chosen_f: list[float] = []
     for i in order:
         if not np.isfinite(f[i]):
             break
         if _distinct(chosen, ends[i]):
             chosen.append(ends[i])
+            chosen_f.append(float(f[i]))
         if len(chosen) >= max(polish, 1):
             break
+    if screen is not None and chosen:  # large table: polish on every run only the end points within 1% of
+        # the best screened objective (at most 3): each full polish costs as much as the whole screen
+        chosen = [t for t, fi in zip(chosen, chosen_f, strict=True) if fi <= chosen_f[0] * 1.01 + 1e-12][:3]
     minima = [_polish(t, data, c, bounds, free, loss, delta) for t in chosen]
     minima.sort(key=lambda m: m.objective)
     out: list[Minimum] = []
@@ -467,6 +521,7 @@ class JointLaw:
     restarts     random starts in the paper's box (500, the paper's)
     polish       distinct best end points polished by L-BFGS-B
     seed         seed of the random starts
+    advance      starts run to convergence after the batched screening (the rest stop there)
     """
 
     def __init__(
@@ -480,6 +535,7 @@ class JointLaw:
         polish: int = 8,
         seed: int = 0,
         box: dict | None = None,
+        advance: int = 64,
     ) -> None:
         self.loss = loss
         self.delta = delta
@@ -489,6 +545,12 @@ class JointLaw:
         self.polish = polish
         self.seed = seed
         self.box = box
+        self.advance = advance
+
+    def clone(self, **overrides: Any) -> JointLaw:
+        """An unfitted law with the same settings (``overrides`` replace some): what a refit starts from."""
+        keys = ("loss", "delta", "phi", "phi_bounds", "restarts", "polish", "seed", "box", "advance")
+        return type(self)(**{**{k: getattr(self, k) for k in keys}, **overrides})
 
     # -- fitting --
     def bounds(self) -> Bounds:
@@ -505,10 +567,11 @@ class JointLaw:
             raise ConfigError("phi_bounds", "lower bound above upper bound", value=self.phi_bounds)
         runs = as_runs(table)
         data = LawData.from_frame(runs.df)
-        if len(data) < 5:
+        n_free = 6 if self.phi is None and data.phi_identifiable else 5
+        if len(data) <= n_free:  # as many runs as parameters fit exactly: a zero-width CI, no information
             raise ConfigError(
                 "rows",
-                "the law has 6 parameters; need at least 5 runs to fit",
+                f"the law has {n_free} free parameters here; need more runs than that ({n_free + 1} or more) to fit",
                 value=len(data),
                 source=runs.source,
             )
@@ -523,6 +586,7 @@ class JointLaw:
             polish=self.polish,
             seed=self.seed,
             extra_starts=extra_starts,
+            advance=self.advance,
         )
         if not minima:
             raise ConfigError(

@@ -183,7 +183,7 @@ def _read_file(p: Path) -> pd.DataFrame:
         if p.suffix.lower() in (".parquet", ".pq"):
             return pd.read_parquet(p)
         if p.suffix.lower() in (".csv", ".tsv", ".txt"):
-            return pd.read_csv(p, sep="\t" if p.suffix.lower() == ".tsv" else ",")
+            return pd.read_csv(p, sep=_delimiter(p))
         if p.suffix.lower() == ".json":
             return _read_result_json(p, p.parent.name)
     except ConfigError:
@@ -192,6 +192,19 @@ def _read_file(p: Path) -> pd.DataFrame:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError("file", f"cannot be read as a table: {msg}", source=str(p)) from None
     raise ConfigError("file", "unknown table format; expected .csv, .tsv or .parquet", value=p.suffix, source=str(p))
+
+
+def _delimiter(p: Path) -> str:
+    """The CSV's delimiter (``,`` ``;`` tab or ``|``), sniffed from its first lines: European spreadsheets
+    write ``;``, and a wrong guess reads the whole header as one column ("missing column r")."""
+    import csv
+
+    with p.open(encoding="utf-8", errors="replace", newline="") as fh:
+        head = "".join(fh.readline() for _ in range(20))
+    try:
+        return csv.Sniffer().sniff(head, delimiters=",;\t|").delimiter
+    except csv.Error:
+        return "\t" if p.suffix.lower() == ".tsv" else ","
 
 
 def _read_result_json(p: Path, run_id: str) -> pd.DataFrame:
@@ -221,6 +234,7 @@ def validate_runs(df: pd.DataFrame, *, source: str = "<table>") -> RunsTable:
     """Check the columns and values of a runs table; drop runs that did not finish."""
     if not isinstance(df, pd.DataFrame):
         raise ConfigError("table", "expected a pandas DataFrame of runs", value=type(df).__name__, source=source)
+    df = df.rename(columns=lambda c: c.strip() if isinstance(c, str) else c)  # ' val_loss' is val_loss
     for col in REQUIRED:
         if col not in df.columns:
             raise ConfigError(col, f"missing column; required: {', '.join(REQUIRED)}", source=source)
@@ -356,3 +370,20 @@ def template_from_table(df: Any) -> dict[str, Any]:
             v = df[col].dropna().iloc[0]
             out[col] = v.item() if hasattr(v, "item") else v
     return out
+
+
+def tokens_per_step(df: Any) -> float | None:
+    """The global batch in tokens the runs trained with (``batch_size x seq_len``, else ``D / steps``), so the
+    planner counts steps in the fit's units rather than the paper's 2^18; None when the table does not say."""
+    cols = set(df.columns)
+    if {"batch_size", "seq_len"} <= cols:
+        num = {c: pd.to_numeric(df[c], errors="coerce") for c in ("batch_size", "seq_len")}
+        tps = (num["batch_size"] * num["seq_len"]).dropna()
+        if len(tps) and tps.nunique() == 1:
+            return float(tps.iloc[0])
+    if "steps" in cols:
+        steps = pd.to_numeric(df["steps"], errors="coerce")
+        ratio = (pd.to_numeric(df["D"], errors="coerce") / steps.where(steps > 0)).dropna()
+        if len(ratio):
+            return float(np.median(ratio))
+    return None

@@ -1,155 +1,36 @@
-"""Is phi identified? The rules that decide the report's headline label (docs/report.md).
+"""Is phi identified? The report's headline label comes from ``loopscale.fit.verdict`` (docs/report.md).
 
-A report must not print "phi = -3.00" as a finding when the fit merely ran into its box, nor a point
-estimate whose bootstrap CI spans the whole plausible range. ``phi_verdict`` reads a fit file's
-record of one variant and returns the label and every reason that applies:
-
-* no r > 1 runs (phi undetermined)                        -> not identified
-* phi at a bound of its box, or a CI end at a bound       -> not identified
-* CI wider than ``MAX_CI_WIDTH`` (0.5)                    -> not identified
-* more than 10% of bootstrap draws could not determine phi -> not identified
-* the law explains little of the loss (R^2 < 0.9)          -> not identified
-* the optimiser did not converge                          -> not identified
-* near-optimal minima that disagree on phi by > 0.1       -> not identified
-* one width per r (the fit's own warning)                 -> not identified
-* no bootstrap at all                                      -> "phi = x (uncertainty not estimated)"
-
-Caveats (shown with the label, whatever it is): phi above 1 or below 0, and a CI that includes 0 or 1.
-
-For reference, the paper's CI is 0.41-0.53 (width 0.12); synthetic tables on the paper's grid give
-widths 0.06-0.10 (docs/fit.md), so 0.5 only fails a fit that cannot tell phi = 0 from phi = 1 at
-roughly the 95% level.
+The rules live in one place, ``loopscale.fit.verdict.phi_verdict``, so `loopscale fit`, `plan`, `report`
+and every ``--json`` say the same thing; this module re-exports them and adds the Δφ sentence.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-#: a CI for phi wider than this cannot separate "a repeat is worth nothing" from "worth a block".
-MAX_CI_WIDTH = 0.5
-#: share of bootstrap draws allowed to leave phi undetermined.
-MAX_UNDETERMINED_SHARE = 0.10
-#: a law that explains less of the loss variance than this (R^2 on raw nats) says nothing about phi.
-MIN_R2 = 0.9
-#: near-optimal minima whose phi differs by more than this make phi ambiguous.
-MINIMA_PHI_SPREAD = 0.1
+from loopscale.fit.verdict import (
+    MAX_CI_WIDTH,
+    MAX_UNDETERMINED_SHARE,
+    MIN_R2,
+    MINIMA_PHI_SPREAD,
+    NOT_IDENTIFIED,
+    Verdict,
+    _f,
+    phi_verdict,
+    range_caveats,
+)
 
-NOT_IDENTIFIED = "φ not identified at this scale"
-
-
-@dataclass
-class Verdict:
-    """The headline label for phi of one variant."""
-
-    variant: str
-    identified: bool
-    label: str  # the headline, e.g. "φ = 0.459 [0.410, 0.530]" or "φ not identified at this scale"
-    phi: float | None
-    ci: tuple[float, float] | None
-    ci_level: float
-    reasons: list[str] = field(default_factory=list)  # why phi is not identified (empty if it is)
-    caveats: list[str] = field(default_factory=list)  # things to know even when it is
-
-    @property
-    def ci_width(self) -> float | None:
-        return None if self.ci is None else self.ci[1] - self.ci[0]
-
-
-def _f(x: Any) -> float | None:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if v == v else None
-
-
-def phi_verdict(fit: dict[str, Any], variant: str | None = None) -> Verdict:
-    """Decide whether phi of ``variant`` (default: the reference) is identified, and say why not."""
-    name = variant or fit.get("reference_variant") or next(iter(fit["variants"]))
-    rec = fit["variants"][name]
-    settings = fit.get("settings") or {}
-    law = rec.get("law") or {}
-    phi = _f((law.get("params") or {}).get("phi"))
-    boot = rec.get("bootstrap") or {}
-    level = float(boot.get("ci_level") or settings.get("ci_level") or 0.95)
-    ci_raw = (boot.get("ci") or {}).get("phi")
-    ci = None
-    if ci_raw and _f(ci_raw[0]) is not None and _f(ci_raw[1]) is not None:
-        ci = (float(ci_raw[0]), float(ci_raw[1]))
-    lo_b, hi_b = settings.get("phi_bounds") or (-3.0, 3.0)
-    span = float(hi_b) - float(lo_b)
-    reasons: list[str] = []
-    caveats: list[str] = []
-    fixed = settings.get("fixed_phi")
-
-    if phi is None:
-        reasons.append("the table has no looped (r > 1) runs, so φ does not enter the fit")
-        return Verdict(name, False, NOT_IDENTIFIED, None, None, level, reasons)
-    if fixed is not None:
-        caveats.append(f"φ was fixed to {float(fixed):g} by the fit's settings (--fix-phi), not estimated")
-        return Verdict(name, True, f"φ = {phi:.3f} (fixed, not estimated)", phi, ci, level, [], caveats)
-
-    if "phi" in (law.get("at_bounds") or []):
-        reasons.append(f"the fit ran to a bound of φ's box [{lo_b:g}, {hi_b:g}] (φ = {phi:.3f})")
-    r2 = _f((rec.get("metrics") or {}).get("r2"))
-    if r2 is not None and r2 < MIN_R2:
-        reasons.append(f"the joint law explains little of the loss (R² = {r2:.3f} < {MIN_R2}), so its φ means nothing")
-    if law.get("converged") is False:
-        reasons.append(f"the optimiser did not converge ({law.get('message') or 'no message'})")
-    near = [m for m in law.get("minima") or [] if m.get("near_optimal")]
-    phis = [_f(m["params"].get("phi")) for m in near if _f(m["params"].get("phi")) is not None]
-    if len(phis) > 1 and max(phis) - min(phis) > MINIMA_PHI_SPREAD:
-        reasons.append(
-            f"{len(phis)} near-optimal minima (within 1% of the best objective) disagree on φ "
-            f"({min(phis):.2f} to {max(phis):.2f})"
-        )
-    for w in fit.get("warnings") or []:
-        if w.startswith(f"[{name}]") and "POORLY identifiable" in w:
-            reasons.append("every r > 1 has a single width, so φ rests on one model size per r")
-    if ci is None:
-        if not boot.get("n"):
-            caveats.append("no bootstrap was run, so φ's uncertainty is unknown (rerun with --bootstrap 200)")
-        else:
-            reasons.append("the bootstrap gave no finite CI for φ")
-    else:
-        width = ci[1] - ci[0]
-        if width > MAX_CI_WIDTH:
-            reasons.append(f"the {level:.0%} CI is {width:.2f} wide (> {MAX_CI_WIDTH}): [{ci[0]:.2f}, {ci[1]:.2f}]")
-        tol = 1e-3 * span
-        if ci[0] <= lo_b + tol or ci[1] >= hi_b - tol:
-            reasons.append(f"the CI reaches a bound of φ's box [{lo_b:g}, {hi_b:g}]")
-    n_boot = int(boot.get("n") or 0)
-    undet = boot.get("phi_undetermined_draws")
-    if n_boot and undet and undet / n_boot > MAX_UNDETERMINED_SHARE:
-        reasons.append(f"{undet} of {n_boot} bootstrap draws left φ undetermined (no r > 1 cell drawn)")
-    conv = _f(boot.get("converged_fraction"))
-    if conv is not None and conv < 0.9:
-        caveats.append(f"only {conv:.0%} of bootstrap refits converged")
-
-    if "phi" not in (law.get("at_bounds") or []):  # at a bound the reason says it all
-        caveats += range_caveats(phi, ci)
-    # dedupe, keep order
-    reasons = list(dict.fromkeys(reasons))
-    if reasons:
-        return Verdict(name, False, NOT_IDENTIFIED, phi, ci, level, reasons, caveats)
-    if ci is None:
-        return Verdict(name, True, f"φ = {phi:.3f} (uncertainty not estimated)", phi, None, level, [], caveats)
-    return Verdict(name, True, f"φ = {phi:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]", phi, ci, level, [], caveats)
-
-
-def range_caveats(phi: float, ci: tuple[float, float] | None) -> list[str]:
-    """Where phi sits against the two readings that matter: 0 (a repeat is worth nothing), 1 (worth a block)."""
-    out = []
-    if phi > 1:
-        out.append(f"φ = {phi:.2f} > 1: a recurrence is worth more than a unique block, outside the paper's (0, 1)")
-    elif phi < 0:
-        out.append(f"φ = {phi:.2f} < 0: looping lowers capacity below the unique blocks run once")
-    if ci is not None:
-        for value, meaning in ((0.0, "a recurrence adds nothing"), (1.0, "a recurrence is worth a unique block")):
-            if ci[0] <= value <= ci[1]:
-                out.append(f"the CI includes φ = {value:g} ({meaning})")
-    return out
+__all__ = [
+    "MAX_CI_WIDTH",
+    "MAX_UNDETERMINED_SHARE",
+    "MINIMA_PHI_SPREAD",
+    "MIN_R2",
+    "NOT_IDENTIFIED",
+    "Verdict",
+    "delta_phi_reading",
+    "phi_verdict",
+    "range_caveats",
+]
 
 
 def delta_phi_reading(d: dict[str, Any]) -> str:

@@ -1,0 +1,216 @@
+"""`loopscale design`: how narrow will phi's CI be with this grid, before any compute is spent.
+
+Heavy imports (the sweep spec, scipy, loopscale.fit) stay inside the command function.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich import box
+from rich.markup import escape
+from rich.table import Table
+
+from loopscale.cli.app import app, console, err_console
+from loopscale.cli.numbers import count
+
+
+def planned_grid(spec: Any, r1_from: str | None = None) -> Any:
+    """One row per planned baseline run: C, r, d_model, seed and the accounting's N_once, N_rec, D.
+
+    ``r1_from``: the r = 1 runs are that variant's (loop-of-one controls, as `fit --r1-from` reads them)."""
+    import pandas as pd
+
+    from loopscale.errors import ConfigError
+    from loopscale.sweep import plan_row
+
+    runs = [rs for rs in spec.runs(["baseline"]) if r1_from is None or rs.r > 1]
+    if r1_from is not None:
+        control = [rs for rs in spec.runs([r1_from]) if rs.variant == r1_from and rs.r == 1]
+        if not control:
+            raise ConfigError("--r1-from", "no r = 1 runs of this variant in the spec", value=r1_from)
+        runs += control
+    rows = []
+    for rs in runs:
+        p = plan_row(rs, spec)
+        rows.append({"run_id": rs.run_id, "C": rs.C, "r": rs.r, "d_model": rs.d_model, "seed": rs.seed,
+                     "N_once": p.N_once, "N_rec": p.N_rec, "D": float(p.tokens)})
+    return pd.DataFrame(rows)
+
+
+def _prior(prior: str, variant: str | None) -> tuple[dict[str, float], dict[str, Any] | None, str]:
+    from loopscale.fit import PAPER_COEFFICIENTS, read_fit
+
+    if prior == "paper":
+        return dict(PAPER_COEFFICIENTS), None, "paper (arXiv 2604.21106 §1)"
+    from loopscale.errors import ConfigError
+
+    doc = read_fit(Path(prior))
+    name = variant or doc.get("reference_variant") or next(iter(doc["variants"]))
+    if name not in doc["variants"]:
+        raise ConfigError("--variant", f"not in the fit file; it has {sorted(doc['variants'])}", value=name)
+    p = doc["variants"][name]["law"]["params"]
+    if p.get("phi") is None:
+        raise ConfigError("--prior", "the fit file's law has no phi (no r > 1 runs); give a fit with looped runs",
+                          value=prior)
+    return {k: float(p[k]) for k in ("E", "A", "B", "alpha", "beta", "phi")}, doc, f"{prior} [{name}]"
+
+
+def _noise(sigma: float | None, cell_sigma: float | None, noise_from: list[Path], prior: dict[str, float],
+           doc: dict[str, Any] | None, r1_from: str | None) -> Any:
+    """Flags win; else estimated from a runs table (seeds where present); else the fit's residual RMSE.
+
+    The runs are read as the design reads its grid: baseline runs, against ``r1_from``'s r = 1 runs if given."""
+    from loopscale.fit import load_runs
+    from loopscale.fit.design import Noise, estimate_noise
+    from loopscale.fit.law import params_to_theta
+
+    def residual_noise(paths: Any) -> Any:
+        t = load_runs(paths)
+        t = t.with_r1_control(r1_from).for_variant(f"baseline@{r1_from}") if r1_from else t.for_variant("baseline")
+        return estimate_noise(t.df, params_to_theta(prior), source=t.source)
+
+    est = None
+    if noise_from:
+        est = residual_noise(noise_from)
+    elif doc is not None:
+        src = Path(str((doc.get("source") or {}).get("path", "")))
+        if src.is_file():
+            est = residual_noise(src)
+        else:
+            rec = doc["variants"][doc.get("reference_variant") or next(iter(doc["variants"]))]
+            est = Noise(float(rec["metrics"]["rmse"]), 0.0, "the fit's residual RMSE (its runs table is not here)")
+    if est is None:
+        est = Noise(0.01, 0.0, "default: the paper's residual RMSE per r, 0.009-0.011 nats (§5)")
+    if sigma is not None or cell_sigma is not None:
+        est = Noise(est.run_sd if sigma is None else sigma, est.cell_sd if cell_sigma is None else cell_sigma,
+                    "flags" + (f" + {est.source}" if sigma is None or cell_sigma is None else ""))
+    return est
+
+
+@app.command()
+def design(
+    spec: str = typer.Argument(..., help="Planned sweep: a spec file, a sweep dir or a preset (paper, demo, study)."),
+    prior: str = typer.Option("paper", "--prior", help="Law to simulate from: 'paper' or a fit file."),
+    variant: str | None = typer.Option(None, "--variant", help="Variant of the prior fit file (default: reference)."),
+    r1_from: str | None = typer.Option(None, "--r1-from", help="Use this spec variant's r = 1 runs (loop-of-one "
+                                       "controls) as the r = 1 reference, as `fit --r1-from` does."),
+    sigma: float | None = typer.Option(None, "--sigma", help="Per-run noise sd in nats (default: estimated)."),
+    cell_sigma: float | None = typer.Option(None, "--cell-sigma", help="Noise sd shared by a (C, r) cell, nats."),
+    noise_from: list[Path] = typer.Option([], "--noise-from", help="Runs table(s) to estimate both sds from."),
+    sims: int = typer.Option(32, "--sims", help="Simulated studies (each a full fit with bootstrap)."),
+    bootstrap: int = typer.Option(50, "--bootstrap", help="Cell resamples per simulated fit."),
+    restarts: int = typer.Option(100, "--restarts", help="Random starts per simulated fit."),
+    target: float | None = typer.Option(None, "--target-width", help="Search for the cheapest grid whose phi "
+                                        "CI is at most this wide."),
+    search_: bool = typer.Option(True, "--search/--no-search", help="Rank cheaper and dearer grid variants."),
+    search_sims: int = typer.Option(20, "--search-sims", help="Simulations per variant in the search."),
+    delta: float | None = typer.Option(None, "--delta", help="Huber delta of the simulated fits (default: the "
+                                       "spec's [fit] table, else the prior fit's, else 1e-3)."),
+    workers: int = typer.Option(0, "--workers", help="Processes (0: one per CPU core)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the simulations."),
+    set_: list[str] = typer.Option([], "--set", help="Spec override, e.g. sweep.seeds=[0,1]"),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Simulate the planned study with the real fitter: expected phi CI width, bias, coverage, power."""
+    import time
+
+    from loopscale.errors import ConfigError
+    from loopscale.fit.design import DesignSettings, search, simulate
+    from loopscale.sweep import load_spec
+
+    if sims < 2 or bootstrap < 0 or restarts < 1:
+        raise ConfigError("--sims", "expected --sims >= 2, --bootstrap >= 0, --restarts >= 1", value=sims)
+    t0 = time.perf_counter()
+    sp = load_spec(spec, set_)
+    grid = planned_grid(sp, r1_from)
+    law, doc, prior_src = _prior(prior, variant)
+    noise = _noise(sigma, cell_sigma, noise_from, law, doc, r1_from)
+    fit_delta = delta
+    if fit_delta is None:
+        fit_delta = sp.fit.delta if "fit" in sp.raw else float(((doc or {}).get("settings") or {}).get("delta", 1e-3))
+    settings = DesignSettings(sims=sims, bootstrap=bootstrap, restarts=restarts, delta=float(fit_delta),
+                              loss=sp.fit.loss, seed=seed, workers=workers)
+    with err_console.status("simulating") as status:
+        res = simulate(grid, law, noise, settings,
+                       progress=lambda d, n: status.update(f"simulated study {d}/{n}"))
+        rows, best = ([], None)
+        if search_ or target is not None:
+            rows, best = search(grid, law, noise, settings, target=target, sims=search_sims,
+                                progress=lambda msg: status.update(msg))
+    wall = time.perf_counter() - t0
+    if as_json:
+        from dataclasses import asdict
+
+        from loopscale.fit.fitfile import _clean
+
+        doc_out = {"spec": sp.source, "prior": prior_src, "prior_law": law, "result": res.as_dict(),
+                   "search": [asdict(r) for r in rows], "target_width": target,
+                   "cheapest_reaching_target": None if best is None else asdict(best), "wall_s": wall}
+        console.print_json(json.dumps(_clean(doc_out)))
+        return
+    _print(sp, grid, res, rows, best, target, prior_src, law, wall, search_sims)
+
+
+def _pct(x: float) -> str:
+    return "-" if x != x else f"{100 * x:.0f}%"
+
+
+def _print(sp: Any, grid: Any, res: Any, rows: list[Any], best: Any, target: float | None, prior_src: str,
+           law: dict[str, float], wall: float, search_sims: int) -> None:
+    st = res.settings
+    n_seeds = grid["seed"].nunique()
+    console.print(
+        f"[bold]{escape(sp.source)}[/]: {res.n_runs} runs in {res.n_cells} (C, r) cells, {n_seeds} seed(s), "
+        f"{res.cost_flops:.3g} FLOPs; prior {escape(prior_src)} (φ = {law['phi']:.3f}); noise: run sd "
+        f"{res.noise.run_sd:.4f}, cell sd {res.noise.cell_sd:.4f} nats ({escape(res.noise.source)})",
+        highlight=False, soft_wrap=True)
+    t = Table(title=f"φ over {res.sims} simulated studies (the real fitter: {st.restarts} starts, "
+              f"{st.bootstrap} cell resamples each)", box=box.SIMPLE_HEAVY)
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    t.add_column("", justify="left")
+    lvl = f"{100 * st.ci_level:.0f}%"
+    t.add_row(f"expected {lvl} CI width", f"{res.ci_width:.3f}", f"sd {res.ci_width_sd:.3f} over simulations")
+    t.add_row("sampling width of φ̂", f"{res.sampling_width:.3f}", "2 z × sd of φ̂: a calibrated CI's width")
+    t.add_row("bias (median φ̂ − φ)", f"{res.bias:+.4f}", "")
+    t.add_row("coverage of the true φ", _pct(res.coverage), f"nominal {lvl}")
+    t.add_row("P(CI excludes φ = 0)", _pct(res.reject_0), "a recurrence adds nothing: rejected")
+    t.add_row("P(CI excludes φ = 1)", _pct(res.reject_1), "a recurrence is worth a block: rejected")
+    t.add_row("P(φ̂ at its box)", _pct(res.at_bound), "")
+    t.add_row("P(verdict: identified)", _pct(res.identified), "CI ≤ 0.5 wide, off the box (fit/verdict.py)")
+    console.print(t)
+    if res.bracketed:
+        rs = sorted({int(k.split("|")[1]) for k in res.bracketed})
+        budgets = sorted({float(k.split("|")[0]) for k in res.bracketed})
+        b = Table(title="P(the empirical optimum is bracketed by the widths), per (C, r) cell", box=box.SIMPLE_HEAVY)
+        b.add_column("C", justify="right")
+        for r in rs:
+            b.add_column(f"r={r}", justify="right")
+        for c in budgets:
+            b.add_row(f"{c:.3g}", *(_pct(res.bracketed.get(f"{c:.3g}|{r}", float("nan"))) for r in rs))
+        console.print(b)
+    if rows:
+        s = Table(title=f"grid variants, cheapest first (φ width: sampling spread of φ̂ over {search_sims} "
+                  "simulations each, no bootstrap)", box=box.SIMPLE_HEAVY)
+        for c in ("variant", "runs", "FLOPs", "cost", "φ width", "bias", "P(at box)"):
+            s.add_column(c, justify="right")
+        for row in rows:
+            mark = " ←" if best is not None and row.name == best.name else ""
+            s.add_row(escape(row.name) + mark, str(row.n_runs), f"{row.cost_flops:.3g}", f"{row.relative_cost:.2f}×",
+                      f"{row.sampling_width:.3f}", f"{row.bias:+.3f}", _pct(row.at_bound))
+        console.print(s)
+    if target is not None:
+        if best is None:
+            console.print(f"[bold red]no variant reaches a φ width of {target:g}[/]; try more seeds or budgets",
+                          highlight=False)
+        else:
+            console.print(f"cheapest grid with a φ width ≤ {target:g}: [bold]{escape(best.name)}[/] "
+                          f"({best.n_runs} runs, {best.cost_flops:.3g} FLOPs, width {best.sampling_width:.3f})",
+                          highlight=False)
+    n_search = sum(r.n_runs for r in rows) * search_sims
+    console.print(f"design: {wall:.1f} s ({res.sims} simulated studies of {res.n_runs} runs"
+                  + (f", {count(n_search)} simulated runs in the search" if rows else "") + ")", highlight=False)

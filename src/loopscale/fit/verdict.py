@@ -1,0 +1,243 @@
+"""Is phi identified? One verdict, used by `loopscale fit`, `plan`, `report`, `design` and `--json`.
+
+Two halves, both about the same question:
+
+* :func:`data_rule` looks at a runs table *before* the fit: what the design can identify at all
+  (arXiv 2604.21106 §5: phi enters the law only through runs with r > 1, and only relative to a
+  reference — r = 1, or a declared looped reference). The fit stores its answer per variant
+  (``identifiability``: reasons and caveats) in the fit file.
+* :func:`phi_verdict` reads a fit file's record of one variant and returns the label and every
+  reason that applies:
+
+  - no r > 1 runs (phi undetermined)                            -> not identified
+  - the data rule's reasons (one width at some r, one looped r
+    without r = 1, no r = 1 and no declared reference)           -> not identified
+  - phi at a bound of its box, or a CI end at a bound           -> not identified
+  - CI wider than ``MAX_CI_WIDTH`` (0.5), or of zero width       -> not identified
+  - more than 10% of bootstrap draws could not determine phi     -> not identified
+  - the law explains little of the loss (R^2 < 0.9)              -> not identified
+  - the optimiser did not converge                              -> not identified
+  - near-optimal minima that disagree on phi by > 0.1           -> not identified
+  - no bootstrap at all                                          -> "phi = x (uncertainty not estimated)"
+
+Caveats (shown with the label, whatever it is): phi above 1 or below 0, a CI that includes 0 or 1,
+a looped-only fit.
+
+For reference, the paper's CI is 0.41-0.53 (width 0.12); synthetic tables on the paper's grid give
+widths 0.06-0.10 (docs/fit.md), so 0.5 only fails a fit that cannot tell phi = 0 from phi = 1 at
+roughly the 95% level.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: a CI for phi wider than this cannot separate "a repeat is worth nothing" from "worth a block".
+MAX_CI_WIDTH = 0.5
+#: share of bootstrap draws allowed to leave phi undetermined.
+MAX_UNDETERMINED_SHARE = 0.10
+#: a law that explains less of the loss variance than this (R^2 on raw nats) says nothing about phi.
+MIN_R2 = 0.9
+#: near-optimal minima whose phi differs by more than this make phi ambiguous.
+MINIMA_PHI_SPREAD = 0.1
+#: coefficients of the joint law: E, A, B, alpha, beta, phi.
+N_PARAMS = 6
+
+NOT_IDENTIFIED = "φ not identified at this scale"
+
+
+# ---- before the fit: what can this table identify? ----------------------------------------
+@dataclass
+class DataRule:
+    """What a runs table can identify: free parameters, and why phi would not be identified."""
+
+    n_runs: int
+    n_params: int
+    reasons: list[str] = field(default_factory=list)  # phi not identified, whatever the fit says
+    caveats: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # for the CLI's warning lines (legacy wording)
+
+    @property
+    def enough_runs(self) -> bool:
+        return self.n_runs > self.n_params
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"n_runs": self.n_runs, "n_params": self.n_params, "reasons": self.reasons, "caveats": self.caveats}
+
+
+def data_rule(df: Any, *, phi_free: bool = True, reference_r: int | None = None) -> DataRule:
+    """The minimum-data rule: more runs than free parameters, >= 2 widths per r, r = 1 or a declared
+    reference (``reference_r``: the looped r a looped-only fit is read against, e.g. from ``--r 2 --r 4``)."""
+    r = np.asarray(df["r"], dtype=int)
+    size = np.asarray(df["N_once"], dtype=float) + np.asarray(df["N_rec"], dtype=float)
+    looped_rs = sorted({int(x) for x in r[r > 1]})
+    phi_in = phi_free and bool(looped_rs)
+    out = DataRule(len(r), N_PARAMS if phi_in else N_PARAMS - 1)
+    if not looped_rs:
+        out.warnings.append(
+            "phi is NOT identifiable: the table has no r > 1 runs; fitted the Chinchilla law "
+            "L = E + A N^-alpha + B D^-beta with N = N_once + N_rec, phi undetermined"
+        )
+        return out
+    widths = {int(k): len(np.unique(np.round(size[r == k], 6))) for k in sorted(set(r.tolist()))}
+    single = [k for k, n in widths.items() if n < 2]
+    if single and set(looped_rs) <= set(single):
+        out.reasons.append("every r > 1 has a single width, so φ rests on one model size per r")
+        out.warnings.append(
+            "phi is POORLY identifiable: every r > 1 has a single width, so phi rests on one model size per r; "
+            "add widths"
+        )
+    elif single:
+        out.reasons.append(
+            f"r = {', '.join(map(str, single))} {'has' if len(single) == 1 else 'have'} a single width, so the "
+            "size term (α) and φ cannot be separated there; give every r at least two widths"
+        )
+        out.warnings.append(f"phi is POORLY identifiable: r = {single} with a single width; add widths")
+    if 1 not in widths:
+        if len(looped_rs) == 1:
+            out.reasons.append(
+                f"one looped r ({looped_rs[0]}) and no r = 1 runs: r^φ only rescales N_rec, so φ is confounded "
+                "with A"
+            )
+            out.warnings.append(
+                f"phi is NOT identifiable: one looped r ({looped_rs[0]}) and no r = 1 runs; phi is confounded "
+                "with A (add r = 1 runs or a second looped r)"
+            )
+        elif reference_r is None:
+            out.reasons.append("no r = 1 runs and no declared reference (fit with --r to read φ among looped models)")
+            out.warnings.append("phi is POORLY identifiable: no r = 1 runs; φ rests on the looped r alone")
+        else:
+            out.caveats.append(f"φ is read among looped models only (reference r = {reference_r}, no r = 1 runs)")
+    return out
+
+
+# ---- after the fit: the verdict ---------------------------------------------------------------
+@dataclass
+class Verdict:
+    """The headline label for phi of one variant."""
+
+    variant: str
+    identified: bool
+    label: str  # the headline, e.g. "φ = 0.459 [0.410, 0.530]" or "φ not identified at this scale"
+    phi: float | None
+    ci: tuple[float, float] | None
+    ci_level: float
+    reasons: list[str] = field(default_factory=list)  # why phi is not identified (empty if it is)
+    caveats: list[str] = field(default_factory=list)  # things to know even when it is
+
+    @property
+    def ci_width(self) -> float | None:
+        return None if self.ci is None else self.ci[1] - self.ci[0]
+
+    @property
+    def sentence(self) -> str:
+        """"identified" or "not identified, because ..." (the words `fit`, `plan` and `--json` print)."""
+        return "identified" if self.identified else "not identified, because " + "; ".join(self.reasons)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"variant": self.variant, "identified": self.identified, "verdict": self.sentence, "label": self.label,
+                "phi": self.phi, "ci": self.ci, "ci_level": self.ci_level, "reasons": self.reasons,
+                "caveats": self.caveats}
+
+
+def _f(x: Any) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if v == v else None
+
+
+def phi_verdict(fit: dict[str, Any], variant: str | None = None) -> Verdict:
+    """Decide whether phi of ``variant`` (default: the reference) is identified, and say why not."""
+    name = variant or fit.get("reference_variant") or next(iter(fit["variants"]))
+    rec = fit["variants"][name]
+    settings = fit.get("settings") or {}
+    law = rec.get("law") or {}
+    phi = _f((law.get("params") or {}).get("phi"))
+    boot = rec.get("bootstrap") or {}
+    level = float(boot.get("ci_level") or settings.get("ci_level") or 0.95)
+    ci_raw = (boot.get("ci") or {}).get("phi")
+    ci = None
+    if ci_raw and _f(ci_raw[0]) is not None and _f(ci_raw[1]) is not None:
+        ci = (float(ci_raw[0]), float(ci_raw[1]))
+    lo_b, hi_b = settings.get("phi_bounds") or (-3.0, 3.0)
+    span = float(hi_b) - float(lo_b)
+    ident = rec.get("identifiability") or {}
+    reasons: list[str] = []
+    caveats: list[str] = list(ident.get("caveats") or [])
+    fixed = settings.get("fixed_phi")
+
+    if phi is None:
+        reasons.append("the table has no looped (r > 1) runs, so φ does not enter the fit")
+        return Verdict(name, False, NOT_IDENTIFIED, None, None, level, reasons)
+    if fixed is not None:
+        caveats.append(f"φ was fixed to {float(fixed):g} by the fit's settings (--fix-phi), not estimated")
+        return Verdict(name, True, f"φ = {phi:.3f} (fixed, not estimated)", phi, ci, level, [], caveats)
+
+    reasons += list(ident.get("reasons") or [])
+    if "phi" in (law.get("at_bounds") or []):
+        reasons.append(f"the fit ran to a bound of φ's box [{lo_b:g}, {hi_b:g}] (φ = {phi:.3f})")
+    r2 = _f((rec.get("metrics") or {}).get("r2"))
+    if r2 is not None and r2 < MIN_R2:
+        reasons.append(f"the joint law explains little of the loss (R² = {r2:.3f} < {MIN_R2}), so its φ means nothing")
+    if law.get("converged") is False:
+        reasons.append(f"the optimiser did not converge ({law.get('message') or 'no message'})")
+    near = [m for m in law.get("minima") or [] if m.get("near_optimal")]
+    phis = [_f(m["params"].get("phi")) for m in near if _f(m["params"].get("phi")) is not None]
+    if len(phis) > 1 and max(phis) - min(phis) > MINIMA_PHI_SPREAD:
+        reasons.append(
+            f"{len(phis)} near-optimal minima (within 1% of the best objective) disagree on φ "
+            f"({min(phis):.2f} to {max(phis):.2f})"
+        )
+    if "identifiability" not in rec:  # fit files written before the data rule was stored
+        for w in fit.get("warnings") or []:
+            if w.startswith(f"[{name}]") and "POORLY identifiable" in w:
+                reasons.append("every r > 1 has a single width, so φ rests on one model size per r")
+    if ci is None:
+        if not boot.get("n"):
+            caveats.append("no bootstrap was run, so φ's uncertainty is unknown (rerun with --bootstrap 200)")
+        else:
+            reasons.append("the bootstrap gave no finite CI for φ")
+    else:
+        width = ci[1] - ci[0]
+        if width > MAX_CI_WIDTH:
+            reasons.append(f"the {level:.0%} CI is {width:.2f} wide (> {MAX_CI_WIDTH}): [{ci[0]:.2f}, {ci[1]:.2f}]")
+        elif width <= 1e-9 * max(1.0, abs(phi)):
+            reasons.append("the CI has zero width: the law passes through every run (too few runs for a CI)")
+        tol = 1e-3 * span
+        if ci[0] <= lo_b + tol or ci[1] >= hi_b - tol:
+            reasons.append(f"the CI reaches a bound of φ's box [{lo_b:g}, {hi_b:g}]")
+    n_boot = int(boot.get("n") or 0)
+    undet = boot.get("phi_undetermined_draws")
+    if n_boot and undet and undet / n_boot > MAX_UNDETERMINED_SHARE:
+        reasons.append(f"{undet} of {n_boot} bootstrap draws left φ undetermined (no r > 1 cell drawn)")
+    conv = _f(boot.get("converged_fraction"))
+    if conv is not None and conv < 0.9:
+        caveats.append(f"only {conv:.0%} of bootstrap refits converged")
+
+    if "phi" not in (law.get("at_bounds") or []):  # at a bound the reason says it all
+        caveats += range_caveats(phi, ci)
+    reasons = list(dict.fromkeys(reasons))
+    if reasons:
+        return Verdict(name, False, NOT_IDENTIFIED, phi, ci, level, reasons, caveats)
+    if ci is None:
+        return Verdict(name, True, f"φ = {phi:.3f} (uncertainty not estimated)", phi, None, level, [], caveats)
+    return Verdict(name, True, f"φ = {phi:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]", phi, ci, level, [], caveats)
+
+
+def range_caveats(phi: float, ci: tuple[float, float] | None) -> list[str]:
+    """Where phi sits against the two readings that matter: 0 (a repeat is worth nothing), 1 (worth a block)."""
+    out = []
+    if phi > 1:
+        out.append(f"φ = {phi:.2f} > 1: a recurrence is worth more than a unique block, outside the paper's (0, 1)")
+    elif phi < 0:
+        out.append(f"φ = {phi:.2f} < 0: looping lowers capacity below the unique blocks run once")
+    if ci is not None:
+        for value, meaning in ((0.0, "a recurrence adds nothing"), (1.0, "a recurrence is worth a unique block")):
+            if ci[0] <= value <= ci[1]:
+                out.append(f"the CI includes φ = {value:g} ({meaning})")
+    return out
