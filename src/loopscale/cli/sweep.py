@@ -155,6 +155,8 @@ def run(
     gpus: str | None = typer.Option(None, "--gpus", help="GPU ids for local slots, e.g. 0,1,2,3 (default: all); "
                                     "positions in CUDA_VISIBLE_DEVICES when it is set."),
     nproc_per_run: int | None = typer.Option(None, "--nproc-per-run", help="torchrun processes (GPUs) per run."),
+    slots: int | None = typer.Option(None, "--slots", min=1, help="CPU runs trained at once (default: cores // "
+                                     "run.threads, or [local] slots; 1 = one at a time in this process)."),
     variant: list[str] = typer.Option([], "--variant", "-v", help="Only these variants (r = 1 runs included)."),
     set_: list[str] = typer.Option([], "--set", help="Dotted override of the spec."),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Give failed runs a fresh set of retries."),
@@ -206,7 +208,7 @@ def run(
     gpu_ids = [int(g) for g in gpus.split(",") if g.strip()] if gpus is not None else local.gpus
     summary = run_sweep(spec, store, variants=variant or None, max_retries=retries, isolate=isolate or local.isolate,
                         gpus=gpu_ids, nproc_per_run=nproc_per_run or local.nproc_per_run, progress=not no_progress,
-                        console=err_console)
+                        console=err_console, slots=slots or local.slots)
     counts = ", ".join(f"{len(v)} {k}" for k, v in summary.outcomes.items())
     err_console.print(f"sweep {spec.name}: {counts or 'nothing to do'} in {_dur(summary.wall_s)}; "
                       f"`loopscale sweep collect {store.root}` writes the runs table", highlight=False)
