@@ -68,6 +68,8 @@ def plan(
                                     "(default sweeps/<name>)."),
     calibrate: bool = typer.Option(True, "--calibrate/--no-calibrate", help="Time a few steps per model shape."),
     calibrate_s: float = typer.Option(60.0, "--calibrate-s", help="Time budget of the calibration (seconds)."),
+    slots: int | None = typer.Option(None, "--slots", min=1, help="CPU runs at once, as `sweep run --slots` "
+                                     "(default: cores // run.threads, or [local] slots)."),
     flops_per_s: float | None = typer.Option(None, "--flops-per-s", help="Assume this FLOP/s per run instead."),
     csv: Path | None = typer.Option(None, "--csv", help="Also write the plan as CSV."),
     device_memory: str | None = typer.Option(
@@ -85,7 +87,8 @@ def plan(
         cal = Calibration(root / "calibration.json")
     mem_bytes = _device_memory(device_memory)
     p = make_plan(spec, variants=variant or None, calibration=cal, flops_per_s=flops_per_s, calibrate_s=calibrate_s,
-                  log=lambda m: err_console.print(m, style="dim", highlight=False), device_memory=mem_bytes)
+                  log=lambda m: err_console.print(m, style="dim", highlight=False), device_memory=mem_bytes,
+                  slots=slots or (spec.executors.get("local") or {}).get("slots"))
     t = Table(box=box.SIMPLE_HEAD, title=f"sweep {spec.name}: {len(p.rows)} runs", title_justify="left")
     mem_cols = ("micro", "peak") if mem_bytes else ()
     cols = ("run", "C", "r", "d", "layout", "N_once", "N_rec", "tokens", "tok/param", "steps", *mem_cols, "est.", "")
@@ -115,8 +118,9 @@ def plan(
         console.print(f"[bold]estimated time:[/] - ({p.calibration_note})", highlight=False)
     if p.total_s is not None:
         star = "; * = extrapolated" if any(r.est_kind == "extrapolated" for r in p.rows) else ""
-        console.print(f"[bold]estimated time:[/] {_dur(p.total_s)} one run at a time ({p.calibration_note}{star})",
-                      highlight=False)
+        at_once = (f"{_dur(p.wall_s)} with {p.slots} runs at a time ({_dur(p.total_s)} of run time, each timed "
+                   "alone at its slot's threads)" if p.slots > 1 else f"{_dur(p.total_s)} one run at a time")
+        console.print(f"[bold]estimated time:[/] {at_once} ({p.calibration_note}{star})", highlight=False)
     if spec.executors.get("slurm"):
         from loopscale.sweep.slurm import settings_from_spec
 
