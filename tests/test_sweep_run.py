@@ -191,6 +191,7 @@ def test_cpu_slots_fill_the_cores_at_run_threads_each(monkeypatch: pytest.Monkey
     assert cpu_slots(spec_from_dict(tiny_sweep_spec({"device": "cuda"})).runs(), 4) == 1  # GPU runs: --gpus
     assert slot_envs(runs, slots=2) == ([{"LOOPSCALE_SLOT_CORES": "4", "OMP_NUM_THREADS": "4"}] * 2, True)
     assert slot_envs(runs, slots=1) == ([], False)  # one at a time, in this process
+    assert slot_envs(runs, slots=2, isolate=True)[1] is False  # --isolate: a process per run, two at a time
     assert slot_envs(runs, slots=1, isolate=True) == ([{"LOOPSCALE_SLOT_CORES": "8", "OMP_NUM_THREADS": "8"}], False)
 
 

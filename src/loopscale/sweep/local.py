@@ -140,7 +140,7 @@ def cpu_slots(runs: list[RunSpec], requested: int | None = None) -> int:
 def slot_envs(runs: list[RunSpec], *, isolate: bool = False, gpus: list[int] | None = None, nproc_per_run: int = 1,
               slots: int | None = None) -> tuple[list[dict[str, str]], bool]:
     """The environment of each parallel worker slot (empty: one run at a time in this process), and whether
-    they are CPU slots (long-lived workers, ``slot_worker``) rather than a process per run."""
+    they are CPU slots (long-lived workers, ``slot_worker``) rather than a process per run (``isolate``)."""
     envs = gpu_slots(gpus, nproc_per_run) if (gpus is None or gpus) else []
     if gpus is None and len(envs) == 1 and nproc_per_run == 1 and not isolate:
         envs = []  # the only GPU (or none): in this process
@@ -150,7 +150,7 @@ def slot_envs(runs: list[RunSpec], *, isolate: bool = False, gpus: list[int] | N
     if not envs and (isolate or nproc_per_run > 1):
         envs = [{}]  # a subprocess (torchrun on CPU with nproc_per_run > 1)
     threads = slot_threads(len(envs), nproc_per_run)
-    return [{**threads, **env} for env in envs], n_cpu > 1
+    return [{**threads, **env} for env in envs], n_cpu > 1 and not isolate
 
 
 def _slots_note(runs: list[RunSpec], envs: list[dict[str, str]]) -> str | None:
