@@ -310,8 +310,8 @@ def test_the_plain_headline_leads_with_the_control_fit_in_the_terminal_summary_a
     assert lines[1].startswith("Result: one extra pass") and "φ = 0.75" in lines[1] and "0.62 to 0.93" in lines[1]
     assert "Identified" in lines[1] and "rules out φ = 0 and φ = 1" in lines[1]
     assert lines[2].startswith("How this differs from the paper") and "+0.10 nats" in lines[2]
-    assert lines[3].startswith("With the paper's own definition") and "Not sure enough to quote" in lines[3]
-    assert "bound" in lines[3] and lines[-1].startswith("For reference, the paper")
+    assert lines[3].startswith("With the paper's own definition") and "not measured precisely enough" in lines[3]
+    assert "bound" in lines[3] and lines[-1].startswith("For reference, the paper measures φ = 0.46")
     assert np.allclose(list(structure_tax(runs, "baseline", "loop1").values()), 0.1)
 
     md = render_markdown(ctx, [], [], [])  # what summary.md and index.html open with (figures: other tests)
