@@ -49,6 +49,15 @@ def test_quick_demo_resumes_after_sigkill_and_writes_a_checked_report(tmp_path: 
     assert "baseline@loop1:" in err
     assert set(head["axes"]) == {"knowledge", "reading", "math", "reasoning", "symbolic"}
     assert "phi" in err and "report:" in err and "(20 runs)" in " ".join(err.split())  # rich wraps lines
+    plain = head["plain"]  # the plain-words headline: first in the terminal, summary.md and the page
+    assert plain[0].startswith("What was measured: 20 training runs") and plain[1].startswith("Result: ")
+    assert "loop of one" in " ".join(plain) and plain[-1].startswith("For reference, the paper")
+    md = (out / "report" / "summary.md").read_text()
+    flat = " ".join(err[err.rindex("headline"):].split())
+    assert all(line in md and line in flat for line in plain) and flat.index(plain[0]) < flat.index("details")
+    assert "{" not in flat and "knowledge" in flat.lower()  # the axes print as a table, not a JSON dict
+    starts = [e for e in (out / "sweep" / "events.jsonl").read_text().splitlines() if '"start"' in e]
+    assert any('"local-worker"' in e for e in starts) or (os.cpu_count() or 1) < 2  # runs went to slots
     fit = json.loads((out / "fit.json").read_text())
     assert fit["settings"]["delta"] == 0.02 and fit["settings"]["loss"] == "huber"  # the preset's [fit] table
     assert "held_out" in fit["variants"]["baseline@loop1"]["restricted"]["phi=0"]

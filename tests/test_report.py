@@ -282,3 +282,47 @@ def test_importing_the_report_does_not_load_torch():
     code = "import sys, loopscale.report, loopscale.report.figures; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_plain_headline_leads_with_the_control_fit_in_the_terminal_summary_and_page(report, tmp_path):
+    import html
+    import io
+
+    from rich.console import Console
+
+    from loopscale.demo import _print_headline
+    from loopscale.report.plain import plain_headline, structure_tax
+    from loopscale.report.render import render_html, render_markdown
+    from loopscale.report.tables import axes_table
+
+    runs = runs_with_probe()
+    ones = runs[(runs["r"] == 1) & (runs["variant"] == "baseline")]
+    loop1 = ones.assign(variant="loop1", run_id="loop1_" + ones["run_id"], val_loss=ones["val_loss"] + 0.1)
+    runs = pd.concat([runs, loop1], ignore_index=True)
+    doc = json.loads((report[0].parent / "fit.json").read_text())
+    ctrl = copy.deepcopy(doc["variants"]["baseline"])
+    ctrl["law"]["params"]["phi"], ctrl["bootstrap"]["ci"]["phi"] = 0.75, [0.62, 0.93]
+    doc["variants"]["baseline@loop1"] = ctrl
+    doc["variants"]["baseline"]["law"]["at_bounds"] = ["phi"]  # the paper-design fit ran into its bound
+    ctx = ReportContext.build(load_inputs(runs, tmp_path, fit=doc, axes=small_axes_table(runs)))
+    lines = plain_headline(ctx)
+    assert lines[0].startswith("What was measured: ") and "r = 1, 2, 4, 8" in lines[0]
+    assert lines[1].startswith("Result: one extra pass") and "φ = 0.75" in lines[1] and "0.62 to 0.93" in lines[1]
+    assert "Identified" in lines[1] and "rules out φ = 0 and φ = 1" in lines[1]
+    assert lines[2].startswith("How this differs from the paper") and "+0.10 nats" in lines[2]
+    assert lines[3].startswith("With the paper's own definition") and "not measured precisely enough" in lines[3]
+    assert "bound" in lines[3] and lines[-1].startswith("For reference, the paper measures φ = 0.46")
+    assert np.allclose(list(structure_tax(runs, "baseline", "loop1").values()), 0.1)
+
+    md = render_markdown(ctx, [], [], [])  # what summary.md and index.html open with (figures: other tests)
+    page = html.unescape(render_html(ctx, [], [], []))
+    buf = io.StringIO()
+    _print_headline(Console(file=buf, width=100), {"plain": lines, "phi": 0.5, "report": "x", "wall_s": 60.0},
+                    axes_table(ctx))
+    term = " ".join(buf.getvalue().split())  # rich wraps long lines
+    for line in lines:
+        assert line in md and line in page and line in term
+    assert md.index(lines[0]) < md.index("## ") and page.index(lines[0]) < page.index('id="headline"')
+    summary, index = (report[0] / "summary.md").read_text(), report[1].read_text()
+    assert "| axis | r = 1 | r = 2 | r = 4 | r = 8 |" in summary and 'id="tab-axes"' in index
+    assert "knowledge" in term.lower() and "r = 8" in term and "{" not in term  # a table, not a JSON dict

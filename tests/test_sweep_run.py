@@ -30,11 +30,11 @@ def write_spec(path: Path, spec: dict) -> Path:
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory):
-    """The tiny sweep, uninterrupted, in this process: (spec, store, table)."""
+    """The tiny sweep, uninterrupted, one run at a time in this process: (spec, store, table)."""
     root = tmp_path_factory.mktemp("sweep")
     spec = spec_from_dict(tiny_spec(), source="tiny.toml")
     store = prepare(spec, root / "straight")
-    summary = run_sweep(spec, store, progress=False)
+    summary = run_sweep(spec, store, progress=False, slots=1)
     assert summary.count("done") == 8, summary.outcomes
     df, _missing = runs_table(store)
     return spec, store, df
@@ -83,7 +83,17 @@ def _wait_mid_run(root: Path, proc: subprocess.Popen, timeout: float = 120) -> N
         time.sleep(0.01)
 
 
-def test_sigkill_mid_run_then_restart_finishes_every_run_once_with_the_same_table(finished, tmp_path: Path) -> None:
+def _wait_unlocked(store: SweepStore, timeout: float = 60) -> None:
+    """Wait until no live process holds a run (tethered slot workers checkpoint and exit after a kill)."""
+    t0 = time.time()
+    while any(store.live_lock(rs.run_id) for rs in store.planned()):
+        assert time.time() - t0 < timeout, "a slot worker outlived its killed sweep"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+def test_sigkill_mid_run_then_restart_finishes_every_run_once_with_the_same_table(finished, tmp_path: Path,
+                                                                                  slots: int) -> None:
     from loopscale.cli import run_app
 
     spec = tiny_spec()
@@ -92,16 +102,18 @@ def test_sigkill_mid_run_then_restart_finishes_every_run_once_with_the_same_tabl
     root = tmp_path / "killed"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "loopscale", "sweep", "run", str(spec_path), "--out", str(root),
-                             "--no-progress"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--no-progress", "--slots", str(slots)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     _wait_mid_run(root, proc)
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
     store = SweepStore(root)
+    _wait_unlocked(store)
     states = {rs.run_id: store.state(rs.run_id).status for rs in store.planned()}
     victim = next(rid for rid, st in states.items() if st == "interrupted")  # its lock names a dead process
     assert "running" not in states.values() and "done" in states.values()
 
-    assert run_app(["sweep", "run", str(root), "--no-progress"]) == 0
+    assert run_app(["sweep", "run", str(root), "--no-progress", "--slots", str(slots)]) == 0
     assert run_app(["sweep", "collect", str(root)]) == 0
     df = pd.read_parquet(root / "runs.parquet")
     _spec, _store, straight = finished
@@ -116,15 +128,20 @@ def test_sigkill_mid_run_then_restart_finishes_every_run_once_with_the_same_tabl
     assert len(starts) == 2 and starts[1]["resume"] is True
 
 
-def test_a_run_that_raises_is_recorded_failed_with_its_error_and_the_others_complete(tmp_path: Path) -> None:
+@pytest.mark.parametrize("slots", [1, 2])
+def test_a_run_that_raises_is_recorded_failed_with_its_error_and_the_others_complete(tmp_path: Path,
+                                                                                     slots: int) -> None:
     from loopscale.cli import run_app
 
     spec = tiny_spec(budgets=[2e9], widths={"2e9": [32]}, max_retries=1)
     spec["sweep"]["variants"] = {"broken": {"run": {"fail_at_step": 3}, "r": [2]},
                                  "short": {"run": {"min_steps": 1000}, "r": [2], "optim": {"lr_scale": 0.5}}}
+    spec["local"] = {"slots": slots}  # the spec's [local] table sets the slots
     spec_path = write_spec(tmp_path / "spec.toml", spec)
     root = tmp_path / "sw"
     assert run_app(["sweep", "run", str(spec_path), "--out", str(root), "--no-progress"]) == 1
+    pids = {e["pid"] for e in SweepStore(root).events() if e["event"] == "start"}
+    assert (pids == {os.getpid()}) == (slots == 1)  # one slot: in this process; two: in workers
     store = SweepStore(root)
     df, _ = runs_table(store)
     assert list(df.loc[df["variant"] == "baseline", "status"]) == ["ok", "ok"]
@@ -139,6 +156,60 @@ def test_a_run_that_raises_is_recorded_failed_with_its_error_and_the_others_comp
     assert len(store.events()) == n
     assert run_app(["sweep", "run", str(root), "--no-progress", "--retry-failed", "--variant", "broken"]) == 1
     assert store.attempts(broken)["attempts"] == 4
+
+
+def test_cpu_slots_train_runs_side_by_side_with_bitwise_the_serial_runs_table(finished, tmp_path: Path) -> None:
+    _spec, _store, straight = finished
+    spec = spec_from_dict(tiny_spec())
+    store = prepare(spec, tmp_path / "sw")
+    summary = run_sweep(spec, store, progress=False, slots=2)
+    assert summary.count("done") == 8
+    df, _ = runs_table(store)
+    cols = [c for c in straight.columns if c not in ("wall_s", "attempts")]
+    pd.testing.assert_frame_equal(df[cols], straight[cols], check_exact=True)  # bitwise: no tolerance
+    events = store.events()
+    starts = [e for e in events if e["event"] == "start"]
+    assert {e["executor"] for e in starts} == {"local-worker"} and os.getpid() not in {e["pid"] for e in starts}
+    begin = {e["run_id"]: e["time"] for e in starts}
+    spans = [(begin[e["run_id"]], e["time"]) for e in events if e["event"] == "done"]
+    overlap = max(sum(a <= t < b for a, b in spans) for t, _ in spans)
+    assert overlap == 2  # two runs at a time, never more
+    for rs in spec.runs():
+        assert json.loads((store.run_dir(rs.run_id) / "result.json").read_text())["threads"] == 1
+
+
+def test_cpu_slots_fill_the_cores_at_run_threads_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    from loopscale.sweep.local import cpu_slots, slot_envs
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)), raising=False)  # an 8-core machine
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 0)
+    runs = spec_from_dict(tiny_spec()).runs()
+    assert cpu_slots(runs) == 8 and cpu_slots(runs, 3) == 3
+    assert cpu_slots(spec_from_dict(tiny_sweep_spec({"threads": 2})).runs()) == 4
+    assert cpu_slots(spec_from_dict(tiny_sweep_spec({"threads": None})).runs()) == 1  # run.threads unset: all cores
+    assert cpu_slots(spec_from_dict(tiny_sweep_spec({"device": "cuda"})).runs(), 4) == 1  # GPU runs: --gpus
+    assert slot_envs(runs, slots=2) == ([{"LOOPSCALE_SLOT_CORES": "4", "OMP_NUM_THREADS": "4"}] * 2, True)
+    assert slot_envs(runs, slots=1) == ([], False)  # one at a time, in this process
+    assert slot_envs(runs, slots=2, isolate=True)[1] is False  # --isolate: a process per run, two at a time
+    assert slot_envs(runs, slots=1, isolate=True) == ([{"LOOPSCALE_SLOT_CORES": "8", "OMP_NUM_THREADS": "8"}], False)
+
+
+def test_the_progress_display_has_a_bar_per_active_slot() -> None:
+    import io
+
+    from rich.console import Console
+
+    from loopscale.sweep.progress import SweepProgress
+
+    prog = SweepProgress(Console(file=io.StringIO()), total_runs=3, total_flops=3.0, enabled=False)
+    prog.start_run("a", 1.0, 10, slot=0)
+    prog.start_run("b", 1.0, 10, slot=1)
+    prog.step("b", 5, 10)
+    bars = {t.description: t.fields["info"] for t in prog._p.tasks}
+    assert bars == {"sweep": "0/3 runs, 0.5/3 FLOPs", "slot 1  a": "", "slot 2  b": "step 5/10"}
+    prog.end_run("a", "done", "a: done")
+    assert [t.description for t in prog._p.tasks] == ["sweep", "slot 2  b"]
 
 
 def test_isolated_run_goes_through_a_worker_subprocess(tmp_path: Path) -> None:

@@ -375,3 +375,29 @@ def test_fit_table_sets_the_demo_fit_and_rejects_bad_values() -> None:
         spec_from_dict({**tiny_spec(), "fitting": {}})
     for preset in ("quick", "demo", "study"):  # the CPU presets fit at their noise scale (docs/cpu-scale.md)
         assert load_spec(preset).fit.delta == 0.02, preset
+
+
+def test_the_plan_spreads_the_runs_over_the_cpu_slots_timed_at_a_slots_threads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from loopscale.sweep import calibrate
+    from loopscale.sweep.plan import makespan
+
+    assert makespan([4, 3, 3, 2], 2) == 6 and makespan([4, 3, 3, 2], 1) == 12 and makespan([5, 1, 1], 3) == 5
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(4)), raising=False)  # a 4-core machine
+    spec = spec_from_dict(tiny_spec())  # run.threads = 1: 4 slots by default
+    serial, parallel = make_plan(spec, flops_per_s=1e10, slots=1), make_plan(spec, flops_per_s=1e10)
+    assert (serial.slots, parallel.slots) == (1, 4) and serial.total_s == parallel.total_s == serial.wall_s
+    est = [r.est_s for r in parallel.rows]
+    assert parallel.wall_s == pytest.approx(makespan(est, 4) + calibrate.SLOT_START_S)
+    assert parallel.wall_s - calibrate.SLOT_START_S < serial.total_s / 2
+
+    threads = []
+    monkeypatch.setattr(calibrate, "measure", lambda cfg, rows, **kw: threads.append(kw["threads"]) or (0.01, 0.01))
+    data = tiny_spec()
+    del data["train"]["run"]["threads"]
+    unset = spec_from_dict(data)  # no run.threads: each slot's share of the cores
+    cal = Calibration(tmp_path / "calibration.json")
+    plan = make_plan(unset, calibration=cal, slots=2)
+    assert plan.slots == 2 and set(threads) == {2} and len(threads) == 4
+    make_plan(unset, calibration=Calibration(tmp_path / "calibration.json"), slots=4)  # 1 thread: timed again
+    assert threads[4:] == [1] * 4

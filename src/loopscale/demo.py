@@ -7,7 +7,6 @@ recomputed (seconds). ``--quick`` is a 16-run, ~3-minute version for CI and firs
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -16,20 +15,30 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
+from loopscale.errors import LoopscaleError
+
 PRESETS = {"quick": "quick", "demo": "demo", "study": "study"}
+BUSY_WAIT_S = 60.0  # a killed demo's workers checkpoint and let go of their runs within seconds
 
 
 def run_demo(out: str | Path = "demo", *, preset: str = "demo", bootstrap: int | None = None,
              restarts: int | None = None, eval_limit: int | None = 100, progress: bool = True,
-             console: Console | None = None) -> dict[str, Any]:
-    """Run (or resume) the demo in ``out``; returns the headline dict (also written to OUT/headline.json)."""
+             console: Console | None = None, slots: int | None = None) -> dict[str, Any]:
+    """Run (or resume) the demo in ``out``; returns the headline dict (also written to OUT/headline.json).
+
+    ``slots``: runs trained at once (default: as many as the cores hold, the presets' runs use one thread).
+    """
     from loopscale.errors import ConfigError
     from loopscale.eval.runs import evaluate_path
     from loopscale.fit import FitSettings, fit_runs, load_runs, write_fit
     from loopscale.fit.table import template_from_table
     from loopscale.io import atomic_write_json
     from loopscale.report import make_report
-    from loopscale.sweep import load_spec, prepare, run_sweep, runs_table, write_table
+    from loopscale.report.context import ReportContext
+    from loopscale.report.inputs import load_inputs
+    from loopscale.report.plain import plain_headline
+    from loopscale.report.tables import axes_table
+    from loopscale.sweep import load_spec, prepare, runs_table, write_table
 
     if preset not in PRESETS:
         raise ConfigError("--preset", f"expected one of {', '.join(PRESETS)}", value=preset)
@@ -39,7 +48,7 @@ def run_demo(out: str | Path = "demo", *, preset: str = "demo", bootstrap: int |
     spec = load_spec(PRESETS[preset])
     con.rule(_rich(f"[bold]1/4 sweep[/] ({preset}: {len(spec.runs())} runs) -> {escape(str(out / 'sweep'))}"))
     store = prepare(spec, out / "sweep")
-    run_sweep(spec, store, progress=progress, console=con)
+    _sweep(spec, store, progress=progress, console=con, slots=slots)
     df, counts = runs_table(store)
     runs_csv, _ = write_table(df, out / "runs.csv")
     missing = ", ".join(f"{n} {status}" for status, n in counts.items())
@@ -65,15 +74,39 @@ def run_demo(out: str | Path = "demo", *, preset: str = "demo", bootstrap: int |
                                                           markup=False))
     con.rule(_rich("[bold]4/4 report[/]"))
     index = make_report(runs_csv, out / "report", fit=fit_path, axes=ev["axes_csv"])
+    ctx = ReportContext.build(load_inputs(runs_csv, out / "report", fit=fit_path, axes=ev["axes_csv"]))
     headline = _headline(fit, table, ev, index, time.time() - t0)
+    headline["plain"] = plain_headline(ctx)  # the same sentences as summary.md and index.html
     atomic_write_json(out / "headline.json", headline)
-    _print_headline(con, headline)
+    _print_headline(con, headline, axes_table(ctx))
     return headline
 
 
 def _rich(markup: str) -> Text:
     """A styled rule title, whatever the console's markup setting (interpolations are escaped)."""
     return Text.from_markup(markup)
+
+
+class DemoBusy(LoopscaleError):
+    """Runs of the demo's sweep are held by another live process (exit status 3, as `sweep run`)."""
+
+    exit_code = 3
+
+
+def _sweep(spec: Any, store: Any, *, progress: bool, console: Console, slots: int | None) -> None:
+    """Run the sweep; runs still held by a killed demo's slot workers (checkpointing) are waited for, once."""
+    from loopscale.sweep import run_sweep
+    from loopscale.sweep.local import busy_message
+
+    summary = run_sweep(spec, store, progress=progress, console=console, slots=slots)
+    busy = summary.outcomes.get("busy", [])
+    t0 = time.time()
+    while busy and any(store.live_lock(rid) for rid in busy) and time.time() - t0 < BUSY_WAIT_S:
+        time.sleep(0.5)
+    if busy:
+        summary = run_sweep(spec, store, progress=progress, console=console, slots=slots)
+        if summary.outcomes.get("busy"):
+            raise DemoBusy(busy_message(store, summary.outcomes["busy"]))
 
 
 def _headline(fit: dict[str, Any], runs: Any, ev: dict[str, Any], index: Path, wall: float) -> dict[str, Any]:
@@ -117,24 +150,30 @@ def _headline(fit: dict[str, Any], runs: Any, ev: dict[str, Any], index: Path, w
     }
 
 
-def _print_headline(con: Console, h: dict[str, Any]) -> None:
+def _print_headline(con: Console, h: dict[str, Any], axes: Any = None) -> None:
+    """The plain-words headline first (``report.plain``, as in summary.md and index.html), then the numbers."""
     con.rule(_rich("[bold]headline"))
+    for line in h.get("plain") or []:
+        con.print(line, highlight=False, markup=False)
+        con.print()
+    con.print(_rich("[bold]details"))
     ci = h.get("phi_ci")
     phi = h.get("phi")
     ci_txt = f" [95% CI {ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
-    con.print(f"phi = {phi:.3f}{ci_txt}" if phi is not None else "phi: no fit", highlight=False, markup=False)
-    con.print(f"  {h.get('verdict')}" + (f" ({'; '.join(h['reasons'])})" if h.get("reasons") else ""),
+    con.print(f"  paper design: phi = {phi:.3f}{ci_txt}" if phi is not None else "  paper design: no fit",
+              highlight=False, markup=False)
+    con.print(f"    {h.get('verdict')}" + (f" ({'; '.join(h['reasons'])})" if h.get("reasons") else ""),
               highlight=False, markup=False)
     if h.get("caveats"):
-        con.print(f"  {'; '.join(h['caveats'])}", highlight=False, markup=False)
+        con.print(f"    {'; '.join(h['caveats'])}", highlight=False, markup=False)
     if h.get("restricted"):
-        con.print("  R2: free " + f"{h['r2']:.4f}" + "".join(f", {k} {v:.4f}" for k, v in h["restricted"].items()
-                                                           if v is not None), highlight=False, markup=False)
+        con.print("    R2: free " + f"{h['r2']:.4f}" + "".join(f", {k} {v:.4f}" for k, v in h["restricted"].items()
+                                                             if v is not None), highlight=False, markup=False)
     for name, o in (h.get("variants") or {}).items():
         est = "" if o.get("phi") is None else f"phi = {o['phi']:.3f}" + (
             f" [95% CI {o['phi_ci'][0]:.2f}, {o['phi_ci'][1]:.2f}]" if o.get("phi_ci") else "")
         line = f"  {name}: {est}" + (" - " if est and not o["identified"] else "")
-        line += "" if o["identified"] else o["verdict"]
+        line += "identified" if o["identified"] else o["verdict"]
         con.print(line + (f" ({'; '.join(o['reasons'])})" if o.get("reasons") else ""), highlight=False,
                   markup=False)
         if o.get("caveats"):
@@ -145,8 +184,21 @@ def _print_headline(con: Console, h: dict[str, Any]) -> None:
     for r, per in (h.get("loss_gap_to_r1") or {}).items():
         con.print(f"  loss gap to r=1 at matched compute (best run per cell), r={r}: "
                   + ", ".join(f"C={c}: {g:+.3f}" for c, g in per.items()), highlight=False, markup=False)
-    if h.get("axes"):
-        con.print("  continuation loss per axis (nats/token) by r: " + json.dumps(
-            {a: {str(r): round(x, 3) for r, x in per.items()} for a, per in h["axes"].items()}), highlight=False,
-            markup=False)
+    if axes is not None:
+        con.print(rich_table(axes))
     con.print(f"report: {h['report']}  ({h['wall_s'] / 60:.1f} min)", highlight=False, markup=False)
+
+
+def rich_table(t: Any) -> Any:
+    """A report table (``report.tables.Table``) for the terminal: the same title, columns, rows and note."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    out = Table(title=Text(t.title), title_justify="left", caption=Text(t.note) if t.note else None,
+                caption_justify="left", box=box.SIMPLE_HEAD)
+    for i, col in enumerate(t.columns):
+        out.add_column(Text(col), justify="left" if i == 0 else "right")
+    for row in t.rows:
+        out.add_row(*map(Text, row))
+    return out

@@ -16,6 +16,7 @@ def demo(
     preset: str = typer.Option("demo", "--preset",
                                help="demo (~17 min on 2 cores), study (~2 h 10 min) or quick (= --quick)."),
     bootstrap: int | None = typer.Option(None, help="Bootstrap resamples (default 200)."),
+    slots: int | None = typer.Option(None, "--slots", min=1, help="Runs trained at once (default: one per core)."),
     no_progress: bool = typer.Option(False, "--no-progress"),
 ) -> None:
     """Sweep r in {1,2,4,8} over budgets and widths, fit phi with a bootstrap CI, evaluate five axes, report.
@@ -24,4 +25,4 @@ def demo(
     """
     from loopscale.demo import run_demo
 
-    run_demo(out, preset="quick" if quick else preset, bootstrap=bootstrap, progress=not no_progress)
+    run_demo(out, preset="quick" if quick else preset, bootstrap=bootstrap, progress=not no_progress, slots=slots)

@@ -93,6 +93,8 @@ def plan(
                                     "(default sweeps/<name>)."),
     calibrate: bool = typer.Option(True, "--calibrate/--no-calibrate", help="Time a few steps per model shape."),
     calibrate_s: float = typer.Option(60.0, "--calibrate-s", help="Time budget of the calibration (seconds)."),
+    slots: int | None = typer.Option(None, "--slots", min=1, help="CPU runs at once, as `sweep run --slots` "
+                                     "(default: cores // run.threads, or [local] slots)."),
     flops_per_s: float | None = typer.Option(None, "--flops-per-s", help="Assume this FLOP/s per run instead."),
     csv: Path | None = typer.Option(None, "--csv", help="Also write the plan as CSV."),
     device_memory: str | None = typer.Option(
@@ -110,7 +112,8 @@ def plan(
         cal = Calibration(root / "calibration.json")
     mem_bytes = _device_memory(device_memory)
     p = make_plan(spec, variants=variant or None, calibration=cal, flops_per_s=flops_per_s, calibrate_s=calibrate_s,
-                  log=lambda m: err_console.print(m, style="dim", highlight=False), device_memory=mem_bytes)
+                  log=lambda m: err_console.print(m, style="dim", highlight=False), device_memory=mem_bytes,
+                  slots=slots or (spec.executors.get("local") or {}).get("slots"))
     t = Table(box=box.SIMPLE_HEAD, title=f"sweep {spec.name}: {len(p.rows)} runs", title_justify="left")
     mem_cols = ("micro", "peak") if mem_bytes else ()
     cols = ("run", "C", "r", "d", "layout", "N_once", "N_rec", "tokens", "tok/param", "steps", *mem_cols, "est.", "")
@@ -140,8 +143,10 @@ def plan(
         console.print(f"[bold]estimated time:[/] - ({escape(p.calibration_note)})", markup=True, highlight=False)
     if p.total_s is not None:
         star = "; * = extrapolated" if any(r.est_kind == "extrapolated" for r in p.rows) else ""
-        console.print(f"[bold]estimated time:[/] {_dur(p.total_s)} one run at a time "
-                      f"({escape(p.calibration_note + star)})", markup=True, highlight=False)
+        at_once = (f"{_dur(p.wall_s)} with {p.slots} runs at a time ({_dur(p.total_s)} of run time, each timed "
+                   "alone at its slot's threads)" if p.slots > 1 else f"{_dur(p.total_s)} one run at a time")
+        console.print(f"[bold]estimated time:[/] {at_once} ({escape(p.calibration_note + star)})", markup=True,
+                      highlight=False)
     if spec.executors.get("slurm"):
         settings_from_spec = _slurm().settings_from_spec
         s = settings_from_spec(spec.executors["slurm"], spec.source)
@@ -180,6 +185,8 @@ def run(
     gpus: str | None = typer.Option(None, "--gpus", help="GPU ids for local slots, e.g. 0,1,2,3 (default: all); "
                                     "positions in CUDA_VISIBLE_DEVICES when it is set."),
     nproc_per_run: int | None = typer.Option(None, "--nproc-per-run", help="torchrun processes (GPUs) per run."),
+    slots: int | None = typer.Option(None, "--slots", min=1, help="CPU runs trained at once (default: cores // "
+                                     "run.threads, or [local] slots; 1 = one at a time in this process)."),
     variant: list[str] = typer.Option([], "--variant", "-v", help="Only these variants (r = 1 runs included)."),
     set_: list[str] = typer.Option([], "--set", help="Dotted override of the spec."),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Give failed runs a fresh set of retries."),
@@ -237,7 +244,7 @@ def run(
     gpu_ids = [int(g) for g in gpus.split(",") if g.strip()] if gpus is not None else local.gpus
     summary = run_sweep(spec, store, variants=variant or None, max_retries=retries, isolate=isolate or local.isolate,
                         gpus=gpu_ids, nproc_per_run=nproc_per_run or local.nproc_per_run, progress=not no_progress,
-                        console=err_console)
+                        console=err_console, slots=slots or local.slots)
     counts = ", ".join(f"{len(v)} {k}" for k, v in summary.outcomes.items())
     err_console.print(f"sweep {spec.name}: {counts or 'nothing to do'} in {_dur(summary.wall_s)}; "
                       f"`loopscale sweep collect {store.root}` writes the runs table", highlight=False)

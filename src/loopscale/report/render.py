@@ -12,6 +12,7 @@ from loopscale.fit.paper import PAPER_COEFFICIENTS, PAPER_PHI_CI
 from loopscale.fit.table import CONTROL_SEP
 from loopscale.report.context import ReportContext
 from loopscale.report.honesty import NOT_IDENTIFIED, delta_phi_reading, phi_verdict
+from loopscale.report.plain import plain_headline
 from loopscale.report.tables import Table, ci_txt, num
 
 
@@ -99,6 +100,8 @@ main { max-width: 1060px; margin: 0 auto; padding: 24px 28px 60px; }
 h1 { font-size: 26px; margin: 0 0 4px; }
 h2 { font-size: 20px; margin: 36px 0 8px; padding-top: 8px; border-top: 1px solid var(--line); }
 .sub { color: var(--muted); margin: 0 0 18px; }
+.plain { font-size: 16px; margin: 0 0 14px; }
+.plain p { margin: 0 0 8px; }
 .verdict { border: 2px solid var(--ok); background: var(--ok-bg); border-radius: 8px; padding: 14px 18px;
            margin: 10px 0 14px; }
 .verdict.bad { border-color: var(--bad); background: var(--bad-bg); }
@@ -178,6 +181,7 @@ def headline(ctx: ReportContext) -> dict[str, Any]:
             "the estimate depends on scale"
         )
     return {
+        "plain": plain_headline(ctx),
         "label": v.label,
         "identified": v.identified,
         "reasons": v.reasons,
@@ -226,6 +230,7 @@ def render_html(ctx: ReportContext, panels: list[Panel], top_tables: list[Table]
         '<header id="top"><h1>How much is one recurrence worth?</h1>',
         f'<p class="sub">loopscale report · joint law L = E + A (N_once + r<sup>φ</sup> N_rec)<sup>−α</sup> + '
         f"B D<sup>−β</sup> · recipe <b>{_esc(ctx.variant)}</b> · runs: {_esc(ctx.inputs.runs.source)}</p></header>",
+        '<section id="plain" class="plain">' + "".join(f"<p>{_esc(line)}</p>" for line in h["plain"]) + "</section>",
         f'<section id="headline" class="verdict{"" if h["identified"] else " bad"}">',
         f'<p class="label">{_esc(h["label"])}</p>',
     ]
@@ -293,6 +298,8 @@ def render_markdown(ctx: ReportContext, panels: list[Panel], top_tables: list[Ta
     out = ["# loopscale report: how much is one recurrence worth?", ""]
     out.append(f"Recipe **{ctx.variant}**; runs: `{ctx.inputs.runs.source}`; fit: `{ctx.inputs.fit_source}`.")
     out.append("")
+    for line in h["plain"]:
+        out += [line, ""]
     if h["identified"]:
         out.append(f"## {h['label']}")
     else:

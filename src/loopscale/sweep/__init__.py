@@ -44,8 +44,11 @@ def _body(text: str) -> list[str]:
 
 def run_sweep(spec: SweepSpec, store: SweepStore, *, variants: list[str] | None = None, max_retries: int | None = None,
               isolate: bool = False, gpus: list[int] | None = None, nproc_per_run: int = 1, progress: bool = True,
-              console=None):
-    """Run the sweep with the local executor; returns a ``local.Summary``."""
+              console=None, slots: int | None = None):
+    """Run the sweep with the local executor; returns a ``local.Summary``.
+
+    ``slots``: CPU runs at once (None: as many as the cores hold at ``run.threads`` each; 1: serial, in-process).
+    """
     from rich.console import Console
 
     from loopscale.sweep.local import run_local
@@ -54,7 +57,7 @@ def run_sweep(spec: SweepSpec, store: SweepStore, *, variants: list[str] | None 
     flops = {rs.run_id: plan_row(rs, spec).flops for rs in runs}
     retries = spec.max_retries if max_retries is None else max_retries
     return run_local(store, runs, flops, max_retries=retries, console=console or Console(stderr=True),
-                     isolate=isolate, gpus=gpus, nproc_per_run=nproc_per_run, progress=progress)
+                     isolate=isolate, gpus=gpus, nproc_per_run=nproc_per_run, progress=progress, slots=slots)
 
 
 __all__ = ["BASELINE", "COLUMNS", "STATUSES", "Plan", "PlanRow", "RunSpec", "SweepSpec", "SweepStore",

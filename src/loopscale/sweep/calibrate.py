@@ -5,7 +5,10 @@ warm-up step, then timed steps (forward + backward on ``rows`` rows of random to
 optimiser step) give seconds per row and per optimiser step. The rows are at most 8, the run's
 micro-batch, what the time budget allows, and what ``loopscale.memory`` predicts fits this device
 (a shape that cannot fit one row is extrapolated, not measured). A run's estimate is
-``steps * (rows_per_step * s_per_row + s_opt) + validation + fixed overhead``. When the time budget
+``steps * (rows_per_step * s_per_row + s_opt) + validation + fixed overhead``. Runs that will train in
+parallel CPU slots are timed at a slot's thread count (``Calibration(cores=...)``: ``run.threads``, else the
+slot's share of the cores), alone; the plan turns the per-run times into a wall time over the slots
+(``plan.makespan``). When the time budget
 is spent (the paper's grid on a laptop), the remaining shapes are extrapolated from the achieved
 FLOP/s of the measured shape nearest in FLOPs/token, and marked so. Results are cached in
 ``SWEEP_DIR/calibration.json`` under a key of the hardware, so a second plan costs nothing.
@@ -26,6 +29,7 @@ from loopscale.io import atomic_write_json
 from loopscale.train.config import TrainConfig
 
 RUN_OVERHEAD_S = 1.5  # data load from the cache, model build, final save (CPU, measured on the demo)
+SLOT_START_S = 6.0  # a CPU slot's worker starting: torch and torch._dynamo imports (2 cores, bench/RESULTS.md)
 GUESS_FLOPS_PER_S = {"cpu": 2e10, "cuda": 5e13}  # before anything is measured: sizes the first measurement
 
 
@@ -42,10 +46,11 @@ class Timing:
                 + RUN_OVERHEAD_S)
 
 
-def shape_key(cfg: TrainConfig, device: str) -> str:
-    """Everything that changes the speed of a step (not the budget, seed or data)."""
+def shape_key(cfg: TrainConfig, device: str, threads: int | None = None) -> str:
+    """Everything that changes the speed of a step (not the budget, seed or data); ``threads``: the torch
+    threads it runs with when ``run.threads`` leaves them to the machine (a slot's share)."""
     blob = {"model": cfg.model.model_dump(mode="json"), "micro": cfg.run.micro_batch or cfg.run.batch_size,
-            "optim": cfg.optim.name, "ns_steps": cfg.optim.ns_steps, "threads": cfg.run.threads,
+            "optim": cfg.optim.name, "ns_steps": cfg.optim.ns_steps, "threads": cfg.run.threads or threads,
             "dtype": cfg.run.dtype, "compile": cfg.run.compile, "device": device}
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -71,8 +76,9 @@ def _run_micro(cfg: TrainConfig, device: str, limit: float | None) -> int:
     return memory.micro_batches(cfg, device=device, limit=limit).train or 1
 
 
-def measure(cfg: TrainConfig, rows: int, *, steps: int = 2) -> tuple[float, float]:
-    """(seconds per row of forward+backward, seconds per optimiser step) for this model on this machine."""
+def measure(cfg: TrainConfig, rows: int, *, steps: int = 2, threads: int | None = None) -> tuple[float, float]:
+    """(seconds per row of forward+backward, seconds per optimiser step) for this model on this machine,
+    with ``run.threads`` torch threads, else ``threads``, else the machine's share (``setup_threads``)."""
     import torch
 
     from loopscale.model import LoopedLM
@@ -81,7 +87,7 @@ def measure(cfg: TrainConfig, rows: int, *, steps: int = 2) -> tuple[float, floa
     from loopscale.train.hardware import Dist, autocast, resolved_dtype, setup_threads
 
     device = torch.device(_device(cfg))
-    setup_threads(cfg.run.threads, Dist())
+    setup_threads(cfg.run.threads or threads, Dist())
     torch.manual_seed(0)
     model = LoopedLM(cfg.model).to(device)
     model.fused_loss = cfg.run.fused_loss
@@ -121,10 +127,14 @@ def measure(cfg: TrainConfig, rows: int, *, steps: int = 2) -> tuple[float, floa
 
 
 class Calibration:
-    """Cached timings per model shape for this hardware; ``timing(cfg)`` after ``ensure(configs)``."""
+    """Cached timings per model shape for this hardware; ``timing(cfg)`` after ``ensure(configs)``.
 
-    def __init__(self, path: Path | None) -> None:
+    ``cores``: the cores of one parallel slot, the threads of runs without ``run.threads`` (None: all).
+    """
+
+    def __init__(self, path: Path | None, cores: int | None = None) -> None:
         self.path = path
+        self.cores = cores
         self.entries: dict[str, dict[str, Any]] = {}
         self.hardware = ""
         self.note = ""
@@ -153,12 +163,12 @@ class Calibration:
         device = _device(configs[0])
         if device == "cuda" and not torch.cuda.is_available():
             self.note = "the runs ask for CUDA and this machine has none: no timing (use --flops-per-s)"
-            return 0, len({shape_key(c, device) for c in configs})
+            return 0, len({shape_key(c, device, self.cores) for c in configs})
         self.hardware = hardware_key(device)
         self.entries = dict(self._all.get(self.hardware, {}))
         shapes: dict[str, TrainConfig] = {}
         for cfg in configs:
-            shapes.setdefault(shape_key(cfg, device), cfg)
+            shapes.setdefault(shape_key(cfg, device, self.cores), cfg)
         todo = [(k, c) for k, c in shapes.items() if k not in self.entries]
         todo.sort(key=lambda kc: accounting.train_flops_per_token(kc[1].model))
         guess = GUESS_FLOPS_PER_S[device]
@@ -176,7 +186,7 @@ class Calibration:
                 continue  # does not fit in the budget or in memory: extrapolated
             if log is not None:
                 log(f"calibrating {cfg.model.layout} d={cfg.model.width} ({n_rows} rows of {cfg.model.seq_len})")
-            s_row, s_opt = measure(cfg, n_rows)
+            s_row, s_opt = measure(cfg, n_rows, threads=self.cores)
             self.entries[key] = {"s_per_row": s_row, "s_opt": s_opt, "flops_per_s": f * cfg.model.seq_len / s_row,
                                  "flops_per_token": f, "layout": cfg.model.layout, "d_model": cfg.model.width,
                                  "rows": n_rows}
@@ -194,7 +204,7 @@ class Calibration:
         return float(e["flops_per_s"])
 
     def timing(self, cfg: TrainConfig) -> Timing | None:
-        key = shape_key(cfg, _device(cfg))
+        key = shape_key(cfg, _device(cfg), self.cores)
         e = self.entries.get(key)
         if e is not None:
             return Timing(e["s_per_row"], e["s_opt"], e["flops_per_s"], True)

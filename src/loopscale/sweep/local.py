@@ -1,7 +1,11 @@
-"""The local executor: runs one after another in this process (CPU), or one subprocess per GPU slot.
+"""The local executor: runs one after another in this process, or one subprocess per parallel slot.
 
-* default on CPU (or one GPU): in-process, sequential; torch is imported once, every run goes through
-  ``execute_run`` (lock, attempts, failure records), and a failure never stops the rest;
+* CPU slots (CPU runs, the default): as many runs at once as the cores allow, ``cores // run.threads``
+  (``cpu_slots``; ``--slots`` / ``[local] slots`` set it), each in its own worker subprocess with
+  ``cores // slots`` cores; results are bitwise those of a serial sweep (same threads per run);
+* one slot (one GPU, a single core, runs without ``run.threads``, or ``--slots 1``): in-process,
+  sequential; torch is imported once, every run goes through ``execute_run`` (lock, attempts, failure
+  records), and a failure never stops the rest;
 * ``isolate``: each run in its own ``python -m loopscale sweep run-one DIR RUN_ID`` subprocess
   (a crash or leak cannot touch the sweep process; its output goes to ``runs/<id>/worker.log``);
   on Linux a worker gets SIGTERM when the sweep process dies, however it dies (``tethered``);
@@ -23,6 +27,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field
@@ -42,6 +47,8 @@ class LocalSettings(StrictModel):
     gpus: list[int] | None = Field(None, description="GPU ids for parallel slots, positions in CUDA_VISIBLE_DEVICES "
                                    "when it is set (default: all visible)")
     nproc_per_run: int = Field(1, gt=0, description="torchrun processes (GPUs) per run")
+    slots: int | None = Field(None, gt=0, description="CPU runs trained at once (default: cores // run.threads; "
+                              "1 when the runs do not set run.threads)")
 
 
 @dataclass
@@ -111,6 +118,56 @@ def slot_threads(n_slots: int, nproc_per_run: int) -> dict[str, str]:
     return {SLOT_CORES_ENV: str(cores), "OMP_NUM_THREADS": str(max(1, cores // max(1, nproc_per_run)))}
 
 
+def cpu_slots(runs: list[RunSpec], requested: int | None = None) -> int:
+    """How many CPU runs train at once: ``requested``, else as many as the cores hold at ``run.threads`` each.
+
+    Runs without ``run.threads`` take every core (one slot): splitting them would change their thread
+    count, and with it the bits of their results; ``--slots N`` gives them ``cores // N`` each instead.
+    Runs on CUDA never get CPU slots (``--gpus`` makes their slots).
+    """
+    from loopscale.train.hardware import available_cores, uses_cuda
+
+    if not runs or any(uses_cuda(rs.config.run.device) for rs in runs):
+        return 1
+    if requested is not None:
+        return max(1, requested)
+    threads = {rs.config.run.threads for rs in runs}
+    if None in threads:
+        return 1
+    return max(1, available_cores() // max(t for t in threads if t is not None))
+
+
+def slot_envs(runs: list[RunSpec], *, isolate: bool = False, gpus: list[int] | None = None, nproc_per_run: int = 1,
+              slots: int | None = None) -> tuple[list[dict[str, str]], bool]:
+    """The environment of each parallel worker slot (empty: one run at a time in this process), and whether
+    they are CPU slots (long-lived workers, ``slot_worker``) rather than a process per run (``isolate``)."""
+    envs = gpu_slots(gpus, nproc_per_run) if (gpus is None or gpus) else []
+    if gpus is None and len(envs) == 1 and nproc_per_run == 1 and not isolate:
+        envs = []  # the only GPU (or none): in this process
+    n_cpu = cpu_slots(runs, slots) if not envs and nproc_per_run == 1 else 1
+    if n_cpu > 1:
+        envs = [{} for _ in range(n_cpu)]
+    if not envs and (isolate or nproc_per_run > 1):
+        envs = [{}]  # a subprocess (torchrun on CPU with nproc_per_run > 1)
+    threads = slot_threads(len(envs), nproc_per_run)
+    return [{**threads, **env} for env in envs], n_cpu > 1 and not isolate
+
+
+def _slots_note(runs: list[RunSpec], envs: list[dict[str, str]]) -> str | None:
+    """One line on the parallel slots (None for a serial sweep), warning when they oversubscribe the cores."""
+    from loopscale.train.hardware import SLOT_CORES_ENV, available_cores
+
+    if len(envs) < 2:
+        return None
+    share = int(envs[0][SLOT_CORES_ENV])
+    threads = max((rs.config.run.threads or share for rs in runs), default=share)
+    cores = available_cores()
+    note = f"{len(envs)} parallel slots, {threads} thread(s) per run, {cores} cores"
+    if threads * len(envs) > cores:
+        note += f" - oversubscribed ({threads * len(envs)} threads): runs slow each other down"
+    return note
+
+
 def _message(store: SweepStore, run_id: str, outcome: str) -> str:
     st = store.state(run_id)
     res = st.result or {}
@@ -156,15 +213,15 @@ class _StopOnSignal:
 
 def run_local(store: SweepStore, runs: list[RunSpec], flops: dict[str, float], *, max_retries: int,
               console: Console, isolate: bool = False, gpus: list[int] | None = None, nproc_per_run: int = 1,
-              progress: bool = True) -> Summary:
-    """Run every runnable run of ``runs``; returns what happened to each."""
-    slots = gpu_slots(gpus, nproc_per_run) if (gpus is None or gpus) else []
-    if gpus is None and len(slots) == 1 and nproc_per_run == 1 and not isolate:
-        slots = []  # the only GPU (or none): in this process
-    if not slots and (isolate or nproc_per_run > 1):
-        slots = [{}]  # a subprocess (torchrun on CPU with nproc_per_run > 1)
-    threads = slot_threads(len(slots), nproc_per_run)
-    slots = [{**threads, **env} for env in slots]
+              progress: bool = True, slots: int | None = None) -> Summary:
+    """Run every runnable run of ``runs``; returns what happened to each.
+
+    ``slots``: CPU runs trained at once (None: ``cpu_slots``' default, as many as the cores hold).
+    """
+    envs, cpu = slot_envs(runs, isolate=isolate, gpus=gpus, nproc_per_run=nproc_per_run, slots=slots)
+    note = _slots_note(runs, envs)
+    if note:
+        console.print(note, highlight=False, markup=False)
     summary = Summary()
     t0 = time.time()
     states = {rs.run_id: store.state(rs.run_id) for rs in runs}
@@ -179,8 +236,10 @@ def run_local(store: SweepStore, runs: list[RunSpec], flops: dict[str, float], *
     prog = SweepProgress(console, total_runs=len(runs), total_flops=sum(flops.values()), done_runs=len(finished),
                          done_flops=sum(flops[r] for r in finished), enabled=progress)
     with prog:
-        if slots:
-            _run_subprocesses(store, queue, slots, summary, prog, flops, steps, max_retries, nproc_per_run)
+        if cpu:
+            _run_slot_workers(store, queue, envs, summary, prog, flops, steps, max_retries)
+        elif envs:
+            _run_subprocesses(store, queue, envs, summary, prog, flops, steps, max_retries, nproc_per_run)
         else:
             _run_in_process(store, queue, summary, prog, flops, steps, max_retries)
     summary.wall_s = time.time() - t0
@@ -276,7 +335,8 @@ def _run_subprocesses(store: SweepStore, queue: collections.deque, slots: list[d
                 cmd = tethered(_worker_cmd(store, rid, max_retries, nproc))
                 proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
                 active[i] = (proc, rid, log)
-                prog.start_run(rid, flops[rid], steps[rid], store.state(rid).step or 0)
+                prog.start_run(rid, flops[rid], steps[rid], store.state(rid).step or 0,
+                               slot=i if len(slots) > 1 else None)
             for i, (proc, rid, log) in list(active.items()):
                 step = _last_step(store.run_dir(rid))
                 if step is not None:
@@ -298,6 +358,135 @@ def _run_subprocesses(store: SweepStore, queue: collections.deque, slots: list[d
 
         raise RunInterrupted("sweep stopped by signal; the running runs saved checkpoints; rerun to resume",
                              stop.caught)
+
+
+@dataclass
+class _Slot:
+    """A CPU slot's long-lived worker and the run it trains (None: idle)."""
+
+    proc: subprocess.Popen
+    run_id: str | None = None
+    buf: bytes = b""
+    log_start: int = 0  # the size of the run's worker.log when it was handed out
+
+    def send(self, run_id: str, log: Path) -> None:
+        assert self.proc.stdin is not None
+        self.log_start = log.stat().st_size if log.exists() else 0
+        self.proc.stdin.write(f"{run_id}\n".encode())
+        self.proc.stdin.flush()
+        self.run_id = run_id
+
+    def warnings(self, log: Path) -> list[str]:
+        """The ``warning:`` lines the run wrote to its worker.log (shown as the in-process sweep shows them)."""
+        try:
+            with open(log, "rb") as fh:
+                fh.seek(self.log_start)
+                text = fh.read(1 << 20).decode("utf-8", "replace")
+        except OSError:
+            return []
+        return [line for line in text.splitlines() if line.startswith("warning:")]
+
+    def finished(self) -> bool:
+        """Whether the worker reported its run's end (reads what its control channel holds, without blocking)."""
+        import select
+
+        out = self.proc.stdout
+        assert out is not None
+        while select.select([out], [], [], 0)[0]:
+            chunk = os.read(out.fileno(), 4096)
+            if not chunk:
+                break
+            self.buf += chunk
+        if b"\n" not in self.buf:
+            return False
+        _line, self.buf = self.buf.split(b"\n", 1)
+        return True
+
+
+def _spawn_slot(store: SweepStore, env: dict[str, str], max_retries: int, log: Any) -> _Slot:
+    cmd = tethered([sys.executable, "-m", "loopscale.sweep.slot_worker", str(store.root), str(max_retries)])
+    return _Slot(subprocess.Popen(cmd, env={**os.environ, **env}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=log))
+
+
+def _run_slot_workers(store: SweepStore, queue: collections.deque, envs: list[dict[str, str]], summary: Summary,
+                      prog: SweepProgress, flops: dict[str, float], steps: dict[str, int], max_retries: int) -> None:
+    """CPU slots: one long-lived worker per slot (torch started once), each handed the next run when idle.
+
+    A worker that dies mid-run (killed, out of memory) has its run recorded as a failure (``_outcome_after_worker``)
+    and is replaced; the worker's own output outside runs goes to ``SWEEP_DIR/slot-workers.log``.
+    """
+    slots: dict[int, _Slot] = {}
+    log = open(store.root / "slot-workers.log", "ab")  # noqa: SIM115  (closed below)
+
+    def forward(signum: int, first: bool) -> None:
+        for slot in slots.values():
+            with contextlib.suppress(OSError):
+                slot.proc.send_signal(signal.SIGTERM if first else signal.SIGKILL)
+
+    def settle(i: int, slot: _Slot, code: int) -> None:
+        rid, slot.run_id = slot.run_id, None
+        assert rid is not None
+        for line in slot.warnings(store.run_dir(rid) / "worker.log"):
+            prog.console.print(f"{rid}: {line}", highlight=False, markup=False)
+        outcome = _outcome_after_worker(store, rid, code, max_retries, interrupted=stop.caught is not None)
+        prog.end_run(rid, outcome, _message(store, rid, outcome))
+        if outcome == "retry":
+            queue.append(rid)
+        else:
+            summary.add(outcome, rid)
+
+    try:
+        with _StopOnSignal(forward) as stop:
+            while (queue and stop.caught is None) or any(s.run_id for s in slots.values()):
+                for i, env in enumerate(envs):
+                    slot = slots.get(i)
+                    if (slot is not None and slot.run_id) or not queue or stop.caught is not None:
+                        continue
+                    rid = queue.popleft()
+                    ok, why = runnable(store, rid, max_retries)
+                    if not ok:
+                        summary.add("busy" if why == "running elsewhere" else "skipped", rid)
+                        continue
+                    if slot is None or slot.proc.poll() is not None:
+                        slot = slots[i] = _spawn_slot(store, env, max_retries, log)
+                    slot.send(rid, store.run_dir(rid) / "worker.log")
+                    prog.start_run(rid, flops[rid], steps[rid], store.state(rid).step or 0, slot=i)
+                for i, slot in list(slots.items()):
+                    if slot.run_id is None:
+                        continue
+                    step = _last_step(store.run_dir(slot.run_id))
+                    if step is not None:
+                        prog.step(slot.run_id, step, steps[slot.run_id])
+                    if slot.finished():
+                        settle(i, slot, 0)
+                    elif (code := slot.proc.poll()) is not None:
+                        settle(i, slot, code)
+                time.sleep(0.2)
+    finally:
+        _close_slots(slots)
+        log.close()
+    if stop.caught is not None:
+        from loopscale.train import RunInterrupted
+
+        raise RunInterrupted("sweep stopped by signal; the running runs saved checkpoints; rerun to resume",
+                             stop.caught)
+
+
+def _close_slots(slots: dict[int, _Slot]) -> None:
+    """End every worker: end of input for the idle ones, then a wait (SIGKILL after 60 s: it would hold a lock)."""
+    for slot in slots.values():
+        with contextlib.suppress(OSError, ValueError):
+            assert slot.proc.stdin is not None
+            slot.proc.stdin.close()
+    for slot in slots.values():
+        try:
+            slot.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            slot.proc.kill()
+            slot.proc.wait()
+        if slot.proc.stdout is not None:
+            slot.proc.stdout.close()
 
 
 def _outcome_after_worker(store: SweepStore, run_id: str, code: int, max_retries: int, *, interrupted: bool) -> str:

@@ -12,11 +12,12 @@ All numbers come from ``loopscale.accounting`` (the runs' exact configs); times 
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
 from loopscale import accounting, memory
-from loopscale.sweep.calibrate import Calibration, Timing, assumed_timing
+from loopscale.sweep.calibrate import SLOT_START_S, Calibration, Timing, assumed_timing
 from loopscale.sweep.spec import RunSpec, SweepSpec
 
 
@@ -57,6 +58,7 @@ class Plan:
     rows: list[PlanRow]
     calibration_note: str = ""
     memory_note: str = ""
+    slots: int = 1  # CPU runs trained at once (local.cpu_slots)
 
     @property
     def total_flops(self) -> float:
@@ -64,9 +66,19 @@ class Plan:
 
     @property
     def total_s(self) -> float | None:
+        """The sum of the runs' estimates: the time one run at a time."""
         if any(r.est_s is None for r in self.rows):
             return None
         return sum(r.est_s or 0.0 for r in self.rows)
+
+    @property
+    def wall_s(self) -> float | None:
+        """The sweep's wall time over its slots: ``makespan`` of the estimates, plus each worker's start."""
+        if self.total_s is None:
+            return None
+        if self.slots <= 1:
+            return self.total_s
+        return makespan([r.est_s or 0.0 for r in self.rows], self.slots) + SLOT_START_S
 
     @property
     def n_warnings(self) -> int:
@@ -77,6 +89,15 @@ class Plan:
         for r in self.rows:
             out[r.run.variant] = out.get(r.run.variant, 0) + 1
         return out
+
+
+def makespan(seconds: list[float], slots: int) -> float:
+    """When the last run ends if ``slots`` workers take the runs in order, each the next when it is free
+    (the local executor's queue); about ``sum / slots`` when the runs are many and alike."""
+    free = [0.0] * max(1, slots)
+    for s in seconds:
+        heapq.heappush(free, heapq.heappop(free) + s)
+    return max(free)
 
 
 def plan_row(rs: RunSpec, spec: SweepSpec) -> PlanRow:
@@ -127,13 +148,21 @@ def plan_memory(row: PlanRow, device_memory: float) -> None:
 
 def make_plan(spec: SweepSpec, *, variants: list[str] | None = None, calibration: Calibration | None = None,
               flops_per_s: float | None = None, calibrate_s: float = 60.0, log: Any = None,
-              device_memory: float | None = None) -> Plan:
+              device_memory: float | None = None, slots: int | None = None) -> Plan:
     """Plan every run; estimate times from ``flops_per_s`` if given, else from a (cached) calibration.
 
     ``device_memory`` (bytes of each run's GPU): also each run's micro-batch and predicted peak memory.
+    ``slots``: CPU runs at once, as ``sweep run --slots`` (None: the executor's default, ``cpu_slots``);
+    the calibration then times each shape at a slot's threads and the wall time spreads over the slots.
     """
+    from loopscale.sweep.local import cpu_slots
+    from loopscale.train.hardware import available_cores
+
     runs = spec.runs(variants)
     rows = [plan_row(rs, spec) for rs in runs]
+    n_slots = cpu_slots(runs, slots)
+    if calibration is not None and n_slots > 1:
+        calibration.cores = max(1, available_cores() // n_slots)
     mem_note = ""
     if device_memory:
         for row in rows:
@@ -163,4 +192,4 @@ def make_plan(spec: SweepSpec, *, variants: list[str] | None = None, calibration
         if spec.checks.max_run_hours and row.est_s > 3600 * spec.checks.max_run_hours:
             row.warnings.append(f"long: ~{row.est_s / 3600:.1f} h > checks.max_run_hours="
                                 f"{spec.checks.max_run_hours:g}")
-    return Plan(spec, rows, note, mem_note)
+    return Plan(spec, rows, note, mem_note, n_slots)

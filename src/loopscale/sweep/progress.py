@@ -1,5 +1,8 @@
 """Sweep progress: one overall bar (runs done / total, FLOPs done / total, ETA) and a bar per active run.
 
+With parallel slots every active run has its bar, labelled with its slot (``slot 2  C3e+11_r4_...``),
+so a glance shows what each slot trains, at which step, and for how long.
+
 The overall bar advances in FLOPs, so its ETA is the remaining FLOPs over this session's FLOP rate.
 A line is also printed when a run ends (readable in logs and SLURM output, where bars are not drawn).
 """
@@ -10,7 +13,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 
 class SweepProgress:
@@ -21,7 +24,8 @@ class SweepProgress:
         self.done_runs = done_runs
         self._done = done_flops
         self._p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
-                           TimeRemainingColumn(), console=console, transient=True, disable=not enabled)
+                           TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=True,
+                           disable=not enabled)
         self._overall = self._p.add_task("sweep", total=self.total_flops, completed=done_flops,
                                          info=self._info())
         # run_id -> (bar, planned FLOPs, total steps, FLOPs credited so far)
@@ -41,9 +45,12 @@ class SweepProgress:
         self._done += flops
         self._p.update(self._overall, completed=self._done, info=self._info())
 
-    def start_run(self, run_id: str, flops: float, total_steps: int, start_step: int = 0) -> None:
-        """A bar for a run; ``flops`` is its planned total, ``start_step`` where a resume starts."""
-        task = self._p.add_task(escape(run_id), total=max(total_steps, 1), completed=0, info="")
+    def start_run(self, run_id: str, flops: float, total_steps: int, start_step: int = 0,
+                  slot: int | None = None) -> None:
+        """A bar for a run; ``flops`` is its planned total, ``start_step`` where a resume starts, ``slot`` the
+        parallel slot (0-based) that trains it, if any."""
+        label = escape(run_id) if slot is None else f"slot {slot + 1}  {escape(run_id)}"
+        task = self._p.add_task(label, total=max(total_steps, 1), completed=0, info="")
         self._runs[run_id] = (task, flops, max(total_steps, 1), 0.0)
         if start_step:
             self.step(run_id, start_step, total_steps)
