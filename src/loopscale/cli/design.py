@@ -108,8 +108,8 @@ def design(
                                         "CI is at most this wide."),
     search_: bool = typer.Option(True, "--search/--no-search", help="Rank cheaper and dearer grid variants."),
     search_sims: int = typer.Option(20, "--search-sims", help="Simulations per variant in the search."),
-    delta: float | None = typer.Option(None, "--delta", help="Huber delta of the simulated fits (default: the "
-                                       "spec's [fit] table, else the prior fit's, else 1e-3)."),
+    delta: float | None = typer.Option(None, "--delta", help=escape(
+        "Huber delta of the simulated fits (default: the spec's [fit] table, else the prior fit's, else 1e-3).")),
     workers: int = typer.Option(0, "--workers", help="Processes (0: one per CPU core)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the simulations."),
     set_: list[str] = typer.Option([], "--set", help="Spec override, e.g. sweep.seeds=[0,1]"),

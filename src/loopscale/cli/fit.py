@@ -77,10 +77,10 @@ def fit(
                                      "phi among looped models, without the r = 1 baseline)."),
     reference: str | None = typer.Option(None, "--reference", help="Delta-phi reference (default: baseline)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Fit file (default: fit.json beside RUNS)."),
-    loss: str | None = typer.Option(None, "--loss", help="Objective: huber (the paper's) or mse "
-                                    "(default: the sweep's [fit] table, else huber)."),
-    delta: float | None = typer.Option(None, "--delta", help="Huber delta (summed Huber in log space; default: "
-                                       "the sweep's [fit] table, else 1e-3)."),
+    loss: str | None = typer.Option(None, "--loss", help=escape(
+        "Objective: huber (the paper's) or mse (default: the sweep's [fit] table, else huber).")),
+    delta: float | None = typer.Option(None, "--delta", help=escape(
+        "Huber delta (summed Huber in log space; default: the sweep's [fit] table, else 1e-3).")),
     phi_min: float = typer.Option(-3.0, "--phi-min", help="Lower bound of phi."),
     phi_max: float = typer.Option(3.0, "--phi-max", help="Upper bound of phi."),
     fix_phi: float | None = typer.Option(None, "--fix-phi", help="Fit with phi fixed to this value."),

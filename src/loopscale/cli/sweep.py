@@ -93,8 +93,8 @@ def plan(
                                     "(default sweeps/<name>)."),
     calibrate: bool = typer.Option(True, "--calibrate/--no-calibrate", help="Time a few steps per model shape."),
     calibrate_s: float = typer.Option(60.0, "--calibrate-s", help="Time budget of the calibration (seconds)."),
-    slots: int | None = typer.Option(None, "--slots", min=1, help="CPU runs at once, as `sweep run --slots` "
-                                     "(default: cores // run.threads, or [local] slots)."),
+    slots: int | None = typer.Option(None, "--slots", min=1, help=escape(
+        "CPU runs at once, as `sweep run --slots` (default: cores // run.threads, or [local] slots).")),
     flops_per_s: float | None = typer.Option(None, "--flops-per-s", help="Assume this FLOP/s per run instead."),
     csv: Path | None = typer.Option(None, "--csv", help="Also write the plan as CSV."),
     device_memory: str | None = typer.Option(
@@ -185,8 +185,9 @@ def run(
     gpus: str | None = typer.Option(None, "--gpus", help="GPU ids for local slots, e.g. 0,1,2,3 (default: all); "
                                     "positions in CUDA_VISIBLE_DEVICES when it is set."),
     nproc_per_run: int | None = typer.Option(None, "--nproc-per-run", help="torchrun processes (GPUs) per run."),
-    slots: int | None = typer.Option(None, "--slots", min=1, help="CPU runs trained at once (default: cores // "
-                                     "run.threads, or [local] slots; 1 = one at a time in this process)."),
+    slots: int | None = typer.Option(None, "--slots", min=1, help=escape(
+        "CPU runs trained at once (default: cores // run.threads, or [local] slots; 1 = one at a time in "
+        "this process).")),
     variant: list[str] = typer.Option([], "--variant", "-v", help="Only these variants (r = 1 runs included)."),
     set_: list[str] = typer.Option([], "--set", help="Dotted override of the spec."),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Give failed runs a fresh set of retries."),
