@@ -37,3 +37,19 @@ def tiny_sweep_spec(run: dict | None = None, **sweep) -> dict:
                   "run": {"batch_size": 8, "threads": 1, "val_tokens": 4096, "min_steps": 5, "log_every": 10,
                           **(run or {})}},
     }
+
+
+def free_port() -> int:
+    """A free TCP port on localhost (for a process group's rendezvous)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_ranks(worker, world: int, out) -> None:  # type: ignore[no-untyped-def]
+    """Run ``worker(rank, world, port, out)`` in ``world`` processes (gloo ranks; the worker joins the group)."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(worker, args=(world, free_port(), str(out)), nprocs=world, join=True)

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from conftest import TINY_MODEL
+from conftest import TINY_MODEL, spawn_ranks
 from loopscale.config import ModelConfig
 from loopscale.errors import ConfigError
 from loopscale.model import LoopedLM
@@ -112,14 +112,7 @@ def _ddp_worker(rank: int, world: int, port: int, out: str) -> None:
 
 
 def test_the_whole_compiled_model_under_ddp_averages_gradients_like_one_process(tmp_path) -> None:
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_ddp_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    spawn_ranks(_ddp_worker, 2, tmp_path)
     g0, g1 = (torch.load(tmp_path / f"rank{k}.pt") for k in (0, 1))
     torch.manual_seed(0)
     _, ref = _pair()

@@ -473,14 +473,9 @@ def _shard_worker(rank: int, world: int, port: int, out: str) -> None:
 
 
 def test_sharded_orthogonalisation_gives_every_rank_the_same_weights_as_one_process(tmp_path) -> None:
-    import socket
+    from conftest import spawn_ranks
 
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_shard_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    spawn_ranks(_shard_worker, 2, tmp_path)
     r0, r1 = (torch.load(tmp_path / f"rank{k}.pt") for k in (0, 1))
     single = _shard_run(True)  # no process group: the ordinary path
     for a, b, c, d, ref in zip(r0["sharded"], r1["sharded"], r0["every_rank"], r1["every_rank"], single,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY_DATA, TINY_MODEL
+from conftest import TINY_DATA, TINY_MODEL, free_port
 from loopscale.errors import ConfigError
 from loopscale.train import RunInterrupted, TrainingFailed, load_train_config, read_result, train
 from loopscale.train.batches import TokenData
@@ -277,12 +277,6 @@ def test_torchrun_two_cpu_processes_reproduce_the_single_process_curve(tmp_path:
     assert ddp["val_loss"] == pytest.approx(single["val_loss"], rel=1e-4)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_node_torchrun_rendezvous_matches_the_single_process_curve(tmp_path: Path) -> None:
@@ -293,7 +287,7 @@ def test_two_node_torchrun_rendezvous_matches_the_single_process_curve(tmp_path:
     cfg_path = write_toml(tmp_path, cfg)
     single = train(cfg, tmp_path / "single", progress=False)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    port = _free_port()
+    port = free_port()
     nodes = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", f"--node_rank={i}",
          "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=loopscale-test",

@@ -346,12 +346,7 @@ def _run_subprocesses(store: SweepStore, queue: collections.deque, slots: list[d
                     continue
                 log.close()
                 del active[i]
-                outcome = _outcome_after_worker(store, rid, code, max_retries, interrupted=stop.caught is not None)
-                prog.end_run(rid, outcome, _message(store, rid, outcome))
-                if outcome == "retry":
-                    queue.append(rid)
-                else:
-                    summary.add(outcome, rid)
+                _settle(store, rid, code, max_retries, stop.caught is not None, prog, queue, summary)
             time.sleep(0.2)
     if stop.caught is not None:
         from loopscale.train import RunInterrupted
@@ -429,12 +424,7 @@ def _run_slot_workers(store: SweepStore, queue: collections.deque, envs: list[di
         assert rid is not None
         for line in slot.warnings(store.run_dir(rid) / "worker.log"):
             prog.console.print(f"{rid}: {line}", highlight=False, markup=False)
-        outcome = _outcome_after_worker(store, rid, code, max_retries, interrupted=stop.caught is not None)
-        prog.end_run(rid, outcome, _message(store, rid, outcome))
-        if outcome == "retry":
-            queue.append(rid)
-        else:
-            summary.add(outcome, rid)
+        _settle(store, rid, code, max_retries, stop.caught is not None, prog, queue, summary)
 
     try:
         with _StopOnSignal(forward) as stop:
@@ -487,6 +477,17 @@ def _close_slots(slots: dict[int, _Slot]) -> None:
             slot.proc.wait()
         if slot.proc.stdout is not None:
             slot.proc.stdout.close()
+
+
+def _settle(store: SweepStore, rid: str, code: int, max_retries: int, interrupted: bool, prog: SweepProgress,
+            queue: collections.deque, summary: Summary) -> None:
+    """A worker's run ended with ``code``: record its outcome, and queue it again when it is to be retried."""
+    outcome = _outcome_after_worker(store, rid, code, max_retries, interrupted=interrupted)
+    prog.end_run(rid, outcome, _message(store, rid, outcome))
+    if outcome == "retry":
+        queue.append(rid)
+    else:
+        summary.add(outcome, rid)
 
 
 def _outcome_after_worker(store: SweepStore, run_id: str, code: int, max_retries: int, *, interrupted: bool) -> str:
