@@ -186,6 +186,17 @@ def test_summary_md_repeats_the_headline_and_links_every_figure(report):
             assert f"(figures/{name}.{fmt})" in md
 
 
+def test_the_report_writes_headline_json_with_the_same_sentences_and_verdicts(report):
+    out, index = report
+    h = json.loads((out / "headline.json").read_text(encoding="utf-8"))
+    md = (out / "summary.md").read_text(encoding="utf-8")
+    assert h["plain"] and all(line.split(".")[0] in md for line in h["plain"])
+    doc = json.loads((out.parent / "fit.json").read_text())
+    v = phi_verdict(doc)
+    assert h["verdict"] == v.label and h["identified"] == v.identified and h["phi"] == v.phi
+    assert "tbptt" in h["variants"] and h["report"] == str(index)
+
+
 def test_axes_scores_use_the_compute_optimal_run_of_each_cell(report, tmp_path):
     runs = runs_with_probe()
     axes = small_axes_table(runs)

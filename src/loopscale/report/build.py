@@ -2,6 +2,7 @@
 
     OUT/index.html        self-contained page (figures embedded as PNG, inline CSS, no scripts)
     OUT/summary.md        headline and tables in Markdown, figures linked
+    OUT/headline.json     the plain headline and every variant's phi verdict, for scripts
     OUT/figures/*.png|svg|pdf
     OUT/fit.json          only when the report ran the fit itself
 
@@ -18,7 +19,7 @@ from typing import Any
 import pandas as pd
 from matplotlib.figure import Figure
 
-from loopscale.io import atomic_write_bytes, atomic_write_text
+from loopscale.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from loopscale.report import figures, tables
 from loopscale.report.context import ReportContext
 from loopscale.report.inputs import load_inputs
@@ -117,4 +118,19 @@ def make_report(
     atomic_write_text(out / "summary.md", render_markdown(ctx, panels, top, end))
     index = out / "index.html"
     atomic_write_text(index, render_html(ctx, panels, top, end))
+    atomic_write_json(out / "headline.json", headline_record(ctx, index))
     return index
+
+
+def headline_record(ctx: ReportContext, index: Path) -> dict[str, Any]:
+    """``headline.json``: the plain sentences of summary.md and index.html and every variant's φ verdict
+    (the demo adds its loss gaps and axes to the same record), for scripts that read a report."""
+    from loopscale.report.plain import plain_headline
+
+    def one(v: Any) -> dict[str, Any]:
+        return {"phi": v.phi, "phi_ci": list(v.ci) if v.ci else None, "ci_level": v.ci_level,
+                "identified": v.identified, "verdict": v.label, "reasons": v.reasons, "caveats": v.caveats}
+
+    return {"plain": plain_headline(ctx), "reference_variant": ctx.variant, **one(ctx.verdict),
+            "variants": {name: one(v) for name, v in ctx.verdicts.items() if name != ctx.variant},
+            "report": str(index)}
