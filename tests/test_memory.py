@@ -412,8 +412,8 @@ def test_light_commands_do_not_import_torch() -> None:
             "import loopscale.train.config, loopscale.optim\n"
             "assert 'torch' not in sys.modules, 'config import'\n"
             "from loopscale.cli import run_app\n"
-            "from loopscale import memory\n"
-            "memory._nvidia_driver = lambda: False\n"
+            "from loopscale import cores\n"
+            "cores.nvidia_driver = lambda: False  # as on a host without a GPU\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
             "    assert run_app(['sweep', 'plan', 'demo', '--no-calibrate']) == 0\n"
             "assert 'torch' not in sys.modules, 'sweep plan'\n")

@@ -350,12 +350,6 @@ def usable_memory(total: float, device: str = "cuda") -> int:
     return int(total * CPU_FRACTION)
 
 
-def _nvidia_driver() -> bool:
-    import shutil
-
-    return os.path.exists("/proc/driver/nvidia/version") or shutil.which("nvidia-smi") is not None
-
-
 def device_total_memory(device: str) -> int | None:
     """A CUDA device's total memory (torch), or the host's physical memory for ``cpu``; None if unknown.
 
@@ -363,7 +357,9 @@ def device_total_memory(device: str) -> int | None:
     not loaded to find that out: ``sweep plan`` stays light on CPU machines.
     """
     if str(device).startswith("cuda"):
-        if not _nvidia_driver():
+        from loopscale import cores
+
+        if not cores.nvidia_driver():
             return None
         import torch
 

@@ -112,7 +112,7 @@ def slot_threads(n_slots: int, nproc_per_run: int) -> dict[str, str]:
     ``LOOPSCALE_SLOT_CORES`` (``hardware.setup_threads``; an explicit ``run.threads`` still wins) and divides
     it among a torchrun's ranks; ``OMP_NUM_THREADS`` sizes each process's other OpenMP pools the same way.
     """
-    from loopscale.train.hardware import SLOT_CORES_ENV, available_cores
+    from loopscale.cores import SLOT_CORES_ENV, available_cores
 
     cores = max(1, available_cores() // max(1, n_slots))
     return {SLOT_CORES_ENV: str(cores), "OMP_NUM_THREADS": str(max(1, cores // max(1, nproc_per_run)))}
@@ -125,7 +125,7 @@ def cpu_slots(runs: list[RunSpec], requested: int | None = None) -> int:
     count, and with it the bits of their results; ``--slots N`` gives them ``cores // N`` each instead.
     Runs on CUDA never get CPU slots (``--gpus`` makes their slots).
     """
-    from loopscale.train.hardware import available_cores, uses_cuda
+    from loopscale.cores import available_cores, uses_cuda
 
     if not runs or any(uses_cuda(rs.config.run.device) for rs in runs):
         return 1
@@ -155,7 +155,7 @@ def slot_envs(runs: list[RunSpec], *, isolate: bool = False, gpus: list[int] | N
 
 def _slots_note(runs: list[RunSpec], envs: list[dict[str, str]]) -> str | None:
     """One line on the parallel slots (None for a serial sweep), warning when they oversubscribe the cores."""
-    from loopscale.train.hardware import SLOT_CORES_ENV, available_cores
+    from loopscale.cores import SLOT_CORES_ENV, available_cores
 
     if len(envs) < 2:
         return None

@@ -155,8 +155,8 @@ def make_plan(spec: SweepSpec, *, variants: list[str] | None = None, calibration
     ``slots``: CPU runs at once, as ``sweep run --slots`` (None: the executor's default, ``cpu_slots``);
     the calibration then times each shape at a slot's threads and the wall time spreads over the slots.
     """
+    from loopscale.cores import available_cores
     from loopscale.sweep.local import cpu_slots
-    from loopscale.train.hardware import available_cores
 
     runs = spec.runs(variants)
     rows = [plan_row(rs, spec) for rs in runs]

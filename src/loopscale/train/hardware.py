@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from loopscale.cores import SLOT_CORES_ENV, available_cores, uses_cuda  # also imported from here
+
 # Dense bf16 tensor-core peak FLOP/s by device name, as torch reports it (``torch.cuda.get_device_name``),
 # most specific first: the first listed substring found in the name wins. NVIDIA's data sheets list bf16
 # "with sparsity"; these are half of that (dense). H100 data sheet: SXM 1,979 -> 989 (torch: "NVIDIA H100
@@ -23,8 +25,6 @@ PEAK_BF16: tuple[tuple[str, float], ...] = (
     ("V100", 125e12),
 )
 
-# A sweep's local slot tells its worker how many cores it may use (the slot's share of the machine).
-SLOT_CORES_ENV = "LOOPSCALE_SLOT_CORES"
 
 
 @dataclass
@@ -37,17 +37,6 @@ class Dist:
     def is_main(self) -> bool:
         return self.rank == 0
 
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def uses_cuda(device_pref: str) -> bool:
-    """Whether a run with ``run.device = device_pref`` trains on CUDA (and so under NCCL, else gloo)."""
-    return device_pref == "cuda" or (device_pref == "auto" and torch.cuda.is_available())
 
 
 def setup_dist(device_pref: str) -> tuple[Dist, torch.device]:
