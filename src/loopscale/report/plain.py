@@ -89,9 +89,10 @@ def _difference(ctx: ReportContext, control: str) -> str:
     tax = structure_tax(ctx.inputs.runs.df, ctx.variant, control)
     cost = (f", which by itself costs {_span(tax)} nats against the plain stack at the same compute "
             "(best run per budget)") if tax else ""
-    return ("How this differs from the paper: the paper's r = 1 is the plain, non-looped stack; here the r = 1 "
-            f"models ({control}) are the same stack run as a loop of one, with the loop's input injection and "
-            f"recurrent-state norm{cost}. So this φ prices a repeat apart from the fixed cost of the loop's "
+    return ("How this differs from the paper: the paper's r = 1 runs are one pass through all of their blocks "
+            "(no prelude, coda or input injection); here the r = 1 models "
+            f"({control}) are the looped models' own layout run once, with their prelude, coda, input injection "
+            f"and recurrent-state norm{cost}. So this φ prices a repeat apart from the fixed cost of the loop's "
             "structure (docs/cpu-scale.md).")
 
 
