@@ -91,9 +91,9 @@ def _difference(ctx: ReportContext, control: str) -> str:
             "(best run per budget)") if tax else ""
     return ("How this differs from the paper: the paper's r = 1 runs are one pass through all of their blocks "
             "(no prelude, coda or input injection); here the r = 1 models "
-            f"({control}) are the looped models' own layout run once, with their prelude, coda, input injection "
-            f"and recurrent-state norm{cost}. So this φ prices a repeat apart from the fixed cost of the loop's "
-            "structure (docs/cpu-scale.md).")
+            f"({control}) are a loop of one in the looped models' own layout, with their prelude, coda, input "
+            f"injection and recurrent-state norm{cost}. So this φ prices a repeat apart from the fixed cost of "
+            "the loop's structure (docs/cpu-scale.md).")
 
 
 def _tax_reading(ctx: ReportContext, control: str, ref: Verdict, fit: Verdict) -> str:

@@ -325,10 +325,8 @@ def _run_subprocesses(store: SweepStore, queue: collections.deque, slots: list[d
             for i, env in enumerate(slots):
                 if i in active or not queue or stop.caught is not None:
                     continue
-                rid = queue.popleft()
-                ok, why = runnable(store, rid, max_retries)
-                if not ok:
-                    summary.add("busy" if why == "running elsewhere" else "skipped", rid)
+                rid = _next_runnable(store, queue, max_retries, summary)
+                if rid is None:
                     continue
                 store.run_dir(rid).mkdir(parents=True, exist_ok=True)
                 log = open(store.run_dir(rid) / "worker.log", "ab")  # noqa: SIM115  (closed when the worker ends)
@@ -433,10 +431,8 @@ def _run_slot_workers(store: SweepStore, queue: collections.deque, envs: list[di
                     slot = slots.get(i)
                     if (slot is not None and slot.run_id) or not queue or stop.caught is not None:
                         continue
-                    rid = queue.popleft()
-                    ok, why = runnable(store, rid, max_retries)
-                    if not ok:
-                        summary.add("busy" if why == "running elsewhere" else "skipped", rid)
+                    rid = _next_runnable(store, queue, max_retries, summary)
+                    if rid is None:
                         continue
                     if slot is None or slot.proc.poll() is not None:
                         slot = slots[i] = _spawn_slot(store, env, max_retries, log)
@@ -477,6 +473,17 @@ def _close_slots(slots: dict[int, _Slot]) -> None:
             slot.proc.wait()
         if slot.proc.stdout is not None:
             slot.proc.stdout.close()
+
+
+def _next_runnable(store: SweepStore, queue: collections.deque, max_retries: int, summary: Summary) -> str | None:
+    """The next queued run that may start here; the ones that may not are counted (busy or skipped)."""
+    while queue:
+        rid = queue.popleft()
+        ok, why = runnable(store, rid, max_retries)
+        if ok:
+            return rid
+        summary.add("busy" if why == "running elsewhere" else "skipped", rid)
+    return None
 
 
 def _settle(store: SweepStore, rid: str, code: int, max_retries: int, interrupted: bool, prog: SweepProgress,
