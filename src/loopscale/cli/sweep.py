@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from loopscale.cli.app import app, console, err_console
+from loopscale.cli.numbers import count
 from loopscale.errors import LoopscaleError
 
 sweep_app = typer.Typer(help="Plan, run, resume and collect an iso-depth sweep (docs/sweep.md).",
@@ -57,10 +58,6 @@ def _first_lines(exc: Exception, limit: int = 300) -> str:
 
 
 SPEC_HELP = "Spec TOML, a sweep dir (its spec.toml) or a preset name (e.g. demo, paper)."
-
-
-def _m(n: float) -> str:
-    return f"{n / 1e9:.2f}B" if n >= 1e9 else (f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}k")
 
 
 def _dur(s: float | None) -> str:
@@ -123,8 +120,8 @@ def plan(
         rs = row.run
         mem = (str(row.micro_batch or "-"), f"{row.peak_bytes / 1e9:.1f} GB" if row.peak_bytes else "-")
         mem = mem if mem_bytes else ()
-        t.add_row(rs.run_id, f"{rs.C:.3g}", str(rs.r), str(rs.d_model), rs.config.model.layout, _m(row.N_once),
-                  _m(row.N_rec), _m(row.tokens), f"{row.tokens_per_param:.3g}", str(row.steps), *mem,
+        t.add_row(rs.run_id, f"{rs.C:.3g}", str(rs.r), str(rs.d_model), rs.config.model.layout, count(row.N_once),
+                  count(row.N_rec), count(row.tokens), f"{row.tokens_per_param:.3g}", str(row.steps), *mem,
                   _dur(row.est_s) + ("*" if row.est_kind == "extrapolated" else ""),
                   "!" if row.warnings else "")
     console.print(t)
