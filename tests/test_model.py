@@ -257,3 +257,30 @@ def test_greedy_generate_matches_argmax_of_full_forward() -> None:
             nxt = m(seq)[:, -1, :100].argmax(-1, keepdim=True)
             seq = torch.cat([seq, nxt], 1)
     assert torch.equal(out, seq[:, 6:])
+
+
+def test_the_fused_loss_matches_the_plain_path_and_computes_no_gradient_without_a_graph(monkeypatch) -> None:
+    """model/loss.py: the same loss and gradients as plain autograd over the logits (chunked or not), and
+    under no_grad only the loss (apply() still reports requires_grad there; the gradient pass would be waste)."""
+    from loopscale.model import loss as fused
+
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(50, 16, generator=g, requires_grad=True)
+    w = torch.randn(30, 16, generator=g, requires_grad=True)
+    t = torch.randint(0, 30, (50,), generator=g)
+    t[3] = -1
+    z = 15 * torch.tanh(h @ w.t() / 15)
+    ref = torch.nn.functional.cross_entropy(z, t, ignore_index=-1)
+    ref_grads = torch.autograd.grad(ref, (h, w))
+    for chunk in (7, None):
+        out = fused.softcap_cross_entropy(h, w, t, softcap=15.0, chunk=chunk)
+        assert float(out) == pytest.approx(float(ref), rel=1e-6)
+        for a, b in zip(torch.autograd.grad(out, (h, w)), ref_grads, strict=True):
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+    matmuls: list[int] = []
+    real_mm = torch.Tensor.__matmul__
+    monkeypatch.setattr(torch.Tensor, "__matmul__", lambda a, b: matmuls.append(1) or real_mm(a, b))
+    with torch.no_grad():
+        out = fused.softcap_cross_entropy(h, w, t, softcap=15.0, chunk=7)
+    assert float(out) == pytest.approx(float(ref), rel=1e-6)
+    assert len(matmuls) == 8  # the logits of each of the 8 chunks, no gradient products

@@ -20,8 +20,10 @@ from loopscale.memory import chunk_rows
 class _FusedSoftcapCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, softcap: float | None,
-                chunk: int, dtype: torch.dtype, mean: bool) -> torch.Tensor:  # type: ignore[override]
-        want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+                chunk: int, dtype: torch.dtype, mean: bool, graph: bool) -> torch.Tensor:  # type: ignore[override]
+        # under no_grad apply() still reports the inputs' requires_grad (and forward itself always runs
+        # without grad mode): the caller says whether a graph is being built
+        want_h, want_w = graph and ctx.needs_input_grad[0], graph and ctx.needs_input_grad[1]
         wc = w.to(dtype)
         total = torch.zeros((), dtype=torch.float32, device=h.device)
         grad_h = torch.empty_like(h) if want_h else None
@@ -64,7 +66,7 @@ class _FusedSoftcapCE(torch.autograd.Function):
         grad_h, grad_w = ctx.saved_tensors
         gh = grad_h * grad_out.to(grad_h.dtype) if ctx.needs_input_grad[0] else None
         gw = grad_w * grad_out.to(grad_w.dtype) if ctx.needs_input_grad[1] else None
-        return gh, gw, None, None, None, None, None
+        return gh, gw, None, None, None, None, None, None
 
 
 def compute_dtype(device: torch.device, fallback: torch.dtype) -> torch.dtype:
@@ -87,4 +89,5 @@ def softcap_cross_entropy(h: torch.Tensor, w: torch.Tensor, targets: torch.Tenso
     dtype = compute_dtype(h.device, h.dtype)
     rows = chunk or chunk_rows(w.size(0), h.size(0))
     with torch.autocast(h.device.type, enabled=False):
-        return _FusedSoftcapCE.apply(h, w, targets.reshape(-1), softcap, rows, dtype, reduction == "mean")
+        return _FusedSoftcapCE.apply(h, w, targets.reshape(-1), softcap, rows, dtype, reduction == "mean",
+                                     torch.is_grad_enabled())
