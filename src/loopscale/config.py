@@ -14,7 +14,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from loopscale.errors import ConfigError, from_pydantic
 
 Injection = Literal["linear", "additive", "passthrough", "hyperconnect"]
-INJECTIONS: tuple[str, ...] = ("linear", "additive", "passthrough", "hyperconnect")
 
 
 class StrictModel(BaseModel):

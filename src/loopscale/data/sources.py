@@ -30,9 +30,8 @@ from loopscale.errors import ConfigError
 
 SHARD_MAGIC = 20240520
 SHARD_HEADER_INTS = 256
-TEXT_SUFFIXES = (".txt", ".md")
 #: the files each ``data.source`` reads from a folder
-SUFFIXES = {"text": TEXT_SUFFIXES, "jsonl": (".jsonl", ".json"), "parquet": (".parquet",),
+SUFFIXES = {"text": (".txt", ".md"), "jsonl": (".jsonl", ".json"), "parquet": (".parquet",),
             "shards": (".bin", ".u16", ".u32")}
 
 

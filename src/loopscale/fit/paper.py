@@ -25,21 +25,12 @@ PAPER_PHI_CI: Final[tuple[float, float]] = (0.41, 0.53)
 #: Goodness of fit on raw nats: the joint law and the restricted fits.
 PAPER_R2: Final[dict[str, float]] = {"joint": 0.9972, "phi=0": 0.9858, "phi=1": 0.9552, "per_r": 0.998}
 
-#: Residual RMSE per r of the joint law (nats), as a range over r.
-PAPER_RMSE_PER_R: Final[tuple[float, float]] = (0.009, 0.011)
-
-#: phi when only the lower / upper half of the budgets is fitted.
-PAPER_HALF_SPLIT_PHI: Final[dict[str, float]] = {"lower": 0.44, "upper": 0.49}
-
 #: Delta-phi probes: phi of each recipe (the baseline is the joint fit above).
 PAPER_PROBES_PHI: Final[dict[str, float]] = {
     "baseline": 0.459,
     "truncated_bptt": 0.380,
     "hyperconnect": 0.646,
 }
-
-#: Loss gap to r = 1 at matched compute over the paper's budgets (nats, low-high).
-PAPER_LOSS_GAP: Final[dict[int, tuple[float, float]]] = {2: (0.03, 0.06), 4: (0.05, 0.08), 8: (0.09, 0.12)}
 
 #: The paper's fitting box: starts are drawn uniformly in it (a = log A, b = log B, e = log E).
 PAPER_BOX: Final[dict[str, tuple[float, float]]] = {

@@ -22,7 +22,6 @@ import pandas as pd
 from loopscale.errors import ConfigError
 
 REQUIRED: tuple[str, ...] = ("r", "N_once", "N_rec", "D", "val_loss")
-OPTIONAL: tuple[str, ...] = ("C", "variant", "run_id", "status")
 #: statuses of a run that finished normally (case-insensitive); an empty status counts as ok.
 OK_STATUSES: frozenset[str] = frozenset(
     {"ok", "done", "completed", "complete", "success", "succeeded", "finished", "converged"}
@@ -333,19 +332,6 @@ def as_runs(table: RunsTable | pd.DataFrame | str | Path) -> RunsTable:
     if isinstance(table, pd.DataFrame):
         return validate_runs(table)
     return load_runs(table)
-
-
-def budget_cells(df: pd.DataFrame) -> np.ndarray | None:
-    """Integer id of each run's (budget, r) cell; None when the table has no ``C`` column.
-
-    Budgets are grouped after rounding to 3 significant digits, so ``4.64e17`` and
-    ``4.6416e17`` are one budget.
-    """
-    if "C" not in df.columns:
-        return None
-    c = np.asarray(df["C"], dtype=float)
-    key = pd.Series([f"{v:.3g}|{r}" for v, r in zip(c, df["r"], strict=True)])
-    return pd.factorize(key)[0]
 
 
 def budget_values(df: pd.DataFrame) -> np.ndarray:
