@@ -139,7 +139,7 @@ def test_plan_refuses_r_outside_the_fit_and_works_in_the_fits_units(tmp_path, ca
 
 
 def test_counts_are_printed_with_si_prefixes():
-    from loopscale.cli.numbers import count
+    from loopscale.numbers import count
 
     assert [count(x) for x in (24_576, 35_389_440, 2.0e6, 1.2e9, 3.1e12, 999, 0)] == [
         "24.6k", "35.4M", "2.00M", "1.20B", "3.10T", "999", "0"]

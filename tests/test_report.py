@@ -19,7 +19,8 @@ from loopscale.cli import run_app
 from loopscale.errors import ConfigError
 from loopscale.fit import FitSettings, fit_runs, synthetic_runs, write_fit
 from loopscale.report import NOT_IDENTIFIED, ReportContext, load_inputs, make_report, phi_verdict, read_axes
-from loopscale.report.figures import FIGURES, axes_scores
+from loopscale.report.data import axes_scores
+from loopscale.report.figures import FIGURES
 
 NAMES = [name for name, _, _ in FIGURES]
 QUICK = FitSettings(restarts=60, bootstrap=20, checks=False, per_r=False)
@@ -293,6 +294,37 @@ def test_importing_the_report_does_not_load_torch():
     code = "import sys, loopscale.report, loopscale.report.figures; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_report_tables_do_not_import_matplotlib():
+    """The tables read their numbers from ``report.data``, not from the figures: a notebook that wants the
+    tables (or the context and the verdict) does not load the plotting stack."""
+    code = ("import sys, loopscale.report, loopscale.report.tables, loopscale.report.data; "
+            "print('matplotlib' in sys.modules, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False False"
+
+
+def test_phi_and_its_ci_print_the_same_in_fit_and_in_the_report(report, capsys):
+    """`loopscale fit` (its table and verdict line) and the report (coefficients and Δφ tables, headline)
+    quote φ through ``loopscale.numbers``: the same digits, the same CI, the same dash."""
+    from loopscale.cli.fit import _print_fit, _print_verdicts
+    from loopscale.fit import read_fit
+    from loopscale.numbers import phi, phi_ci, phi_interval
+
+    out, _ = report
+    doc = read_fit(out.parent / "fit.json")
+    _print_fit(doc, markdown=True)
+    _print_verdicts(doc)
+    printed = capsys.readouterr().out
+    summary = (out / "summary.md").read_text(encoding="utf-8")
+    page = (out / "index.html").read_text(encoding="utf-8")
+    for name, rec in doc["variants"].items():
+        value, ci = rec["law"]["params"]["phi"], rec["bootstrap"]["ci"]["phi"]
+        both = phi_ci(value, ci)
+        assert "[" in both and both in printed and both in summary and both in page, (name, both)
+        assert phi(value) in printed and phi_interval(ci) in printed  # the table's value and CI columns
+        assert f"{value:.4f}" not in printed + summary  # the old four-digit φ of `fit`'s table
 
 
 def test_the_plain_headline_leads_with_the_control_fit_in_the_terminal_summary_and_page(report, tmp_path):

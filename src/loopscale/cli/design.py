@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from loopscale.cli.app import app, console, err_console
-from loopscale.cli.numbers import count
+from loopscale.numbers import count
 
 
 def planned_grid(spec: Any, r1_from: str | None = None) -> Any:
@@ -206,7 +206,7 @@ def _print(sp: Any, grid: Any, res: Any, rows: list[Any], best: Any, target: flo
     if target is not None:
         if best is None:
             console.print(f"[bold red]no variant reaches a φ width of {target:g}[/]; try more seeds or budgets",
-                          highlight=False)
+                          highlight=False, markup=True)
         else:
             console.print(f"cheapest grid with a φ width ≤ {target:g}: [bold]{escape(best.name)}[/] "
                           f"({best.n_runs} runs, {best.cost_flops:.3g} FLOPs, width {best.sampling_width:.3f})",

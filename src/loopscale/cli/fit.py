@@ -16,7 +16,8 @@ from rich.table import Table
 
 from loopscale import grids
 from loopscale.cli.app import app, console, err_console
-from loopscale.cli.numbers import count
+from loopscale.numbers import MISSING, PHI_DIGITS, count, flops, interval, num, phi_ci, phi_interval, signed
+from loopscale.numbers import phi as phi_txt
 
 
 def _template(base: dict[str, Any], overrides: list[str], source: str) -> dict[str, Any]:
@@ -43,23 +44,6 @@ def _select_r(table: Any, only_r: list[int], source: str) -> Any:
     if len(set(only_r)) < 2:
         raise ConfigError("--r", "phi needs runs at two or more values of r", value=only_r)
     return dataclasses.replace(table, df=table.df[table.df["r"].isin(only_r)].reset_index(drop=True))
-
-
-def _fmt(x: Any, digits: int = 4) -> str:
-    if x is None:
-        return "-"
-    x = float(x)
-    if x != x:
-        return "-"
-    if abs(x) >= 1e4 or (abs(x) < 1e-3 and x != 0):
-        return f"{x:.{digits}g}"
-    return f"{x:.{digits}f}" if abs(x) < 10 else f"{x:.{max(digits - 2, 1)}f}"
-
-
-def _ci(ci: Any, digits: int = 4) -> str:
-    if not ci or ci[0] is None:
-        return "-"
-    return f"[{_fmt(ci[0], digits)}, {_fmt(ci[1], digits)}]"
 
 
 @app.command()
@@ -214,11 +198,17 @@ def _verdicts(result: dict[str, Any]) -> dict[str, Any]:
     return {name: phi_verdict(result, name) for name in result["variants"]}
 
 
+def _phi_line(v: Any) -> str:
+    """φ with its CI as the report prints it, then the verdict: "φ = 0.461 [0.410, 0.530], identified"."""
+    return ("φ " if v.phi is None else f"φ = {phi_ci(v.phi, v.ci)}, ") + v.sentence
+
+
 def _print_verdicts(result: dict[str, Any]) -> None:
     """The same verdict the report shows: "identified" or "not identified, because ..."."""
     for name, v in _verdicts(result).items():
         colour = "green" if v.identified else "bold red"
-        console.print(f"[{colour}]{escape(name)}: φ {escape(v.sentence)}[/]", highlight=False, soft_wrap=True)
+        console.print(f"[{colour}]{escape(name)}: {escape(_phi_line(v))}[/]", highlight=False, soft_wrap=True,
+                      markup=True)
         for c in v.caveats:
             console.print(f"  caveat: {escape(c)}", highlight=False, soft_wrap=True)
 
@@ -230,11 +220,11 @@ def _print_compare(cmp: dict[str, Any], style: box.Box) -> None:
               "p-value", "consistent"):
         t.add_column(c, justify="right")
     for row in cmp["rows"]:
-        ref = _fmt(row["reference"]) + (f" {_ci(row['reference_ci'])}" if row["reference_ci"] else "")
-        cons = "-" if row["consistent"] is None else ("yes" if row["consistent"] else "NO")
-        t.add_row(row["quantity"], _fmt(row["fitted"]), _ci(row["fitted_ci"]), ref,
-                  "-" if row["difference"] is None else f"{row['difference']:+.4f}", _ci(row["difference_ci"]),
-                  "-" if row["p_value"] is None else f"{row['p_value']:.3f}", cons)
+        ref = num(row["reference"]) + (f" {interval(row['reference_ci'])}" if row["reference_ci"] else "")
+        cons = MISSING if row["consistent"] is None else ("yes" if row["consistent"] else "NO")
+        t.add_row(row["quantity"], num(row["fitted"]), interval(row["fitted_ci"]), ref,
+                  signed(row["difference"]), interval(row["difference_ci"]),
+                  MISSING if row["p_value"] is None else f"{row['p_value']:.3f}", cons)
     console.print(t)
 
 
@@ -279,30 +269,30 @@ def _print_fit(result: dict[str, Any], markdown: bool) -> None:
         t.add_column("quantity")
         t.add_column("value", justify="right")
         t.add_column(level, justify="right")
-        phi_txt = "undetermined (no r > 1 runs)" if p["phi"] is None else _fmt(p["phi"])
+        phi_cell = phi_txt(p["phi"]) + (" (no r > 1 runs)" if p["phi"] is None else "")
         if p["phi"] is not None and result["settings"].get("fixed_phi") is not None:
-            phi_txt += " (fixed)"
-        t.add_row("phi", phi_txt, _ci(cis.get("phi")))
+            phi_cell += " (fixed)"
+        t.add_row("phi", phi_cell, phi_interval(cis.get("phi")))
         for k in ("alpha", "beta", "E", "A", "B"):
-            t.add_row(k, _fmt(p[k]), _ci(cis.get(k)))
-        t.add_row("R^2 (raw nats)", _fmt(v["metrics"]["r2"]), "")
+            t.add_row(k, num(p[k]), interval(cis.get(k)))
+        t.add_row("R^2 (raw nats)", num(v["metrics"]["r2"]), "")
         per_r = ", ".join(f"r={r}: {x:.4f}" for r, x in v["metrics"]["rmse_per_r"].items())
-        t.add_row("RMSE (nats)", _fmt(v["metrics"]["rmse"]), per_r)
+        t.add_row("RMSE (nats)", num(v["metrics"]["rmse"]), per_r)
         for key, rf in v["restricted"].items():
-            t.add_row(f"R^2 restricted {key}", _fmt(rf["r2"]), f"RMSE {rf['rmse']:.4f}")
+            t.add_row(f"R^2 restricted {key}", num(rf["r2"]), f"RMSE {rf['rmse']:.4f}")
         for key, lv in (v.get("law_variants") or {}).items():
-            t.add_row(f"R^2 {key}", _fmt(lv["r2"]),
-                      f"RMSE {lv['rmse']:.4f}; phi {_fmt(lv['phi'])}, looped-loss factor 1{lv['kappa']:+.3f}")
+            t.add_row(f"R^2 {key}", num(lv["r2"]),
+                      f"RMSE {lv['rmse']:.4f}; phi {phi_txt(lv['phi'])}, looped-loss factor 1{lv['kappa']:+.3f}")
         for label, ho in (("free", (v.get("checks") or {}).get("held_out")),
                           *((k, rf.get("held_out")) for k, rf in v["restricted"].items()),
                           *((k, lv.get("held_out")) for k, lv in (v.get("law_variants") or {}).items())):
             if ho:
-                t.add_row(f"held-out RMSE {label}", _fmt(ho["extrapolation_rmse"]),
-                          f"top budget; leave-one-r-out {_fmt(ho['leave_one_r_out_rmse'])}")
+                t.add_row(f"held-out RMSE {label}", num(ho["extrapolation_rmse"]),
+                          f"top budget; leave-one-r-out {num(ho['leave_one_r_out_rmse'])}")
         for r, cf in v["per_r"].items():
             t.add_row(
                 f"R^2 Chinchilla r={r}",
-                _fmt(cf["r2"]),
+                num(cf["r2"]),
                 f"alpha {cf['params']['alpha']:.3f}, beta {cf['params']['beta']:.3f}",
             )
         law = v["law"]
@@ -314,12 +304,12 @@ def _print_fit(result: dict[str, Any], markdown: bool) -> None:
         checks = v.get("checks") or {}
         hs = checks.get("half_split")
         if hs and hs["lower"]["phi"] is not None and hs["upper"]["phi"] is not None:
-            t.add_row("phi lower / upper budgets", f"{hs['lower']['phi']:.3f} / {hs['upper']['phi']:.3f}", "")
+            t.add_row("phi lower / upper budgets", f"{phi_txt(hs['lower']['phi'])} / {phi_txt(hs['upper']['phi'])}", "")
         ex = checks.get("extrapolation")
         if ex:
             t.add_row(
-                f"extrapolation RMSE (C={ex['held_out_budget']:.3g})",
-                _fmt(ex["rmse"]),
+                f"extrapolation RMSE (C={flops(ex['held_out_budget'])})",
+                num(ex["rmse"]),
                 f"bias {ex['bias']:+.4f}",
             )
         console.print(t)
@@ -329,8 +319,9 @@ def _print_fit(result: dict[str, Any], markdown: bool) -> None:
         for c in ("variant", "reference", "Delta-phi", level, "P(Delta-phi > 0)"):
             t.add_column(c, justify="right")
         for d in result["delta_phi"]:
-            frac = "-" if d["fraction_above_zero"] is None else f"{d['fraction_above_zero']:.2f}"
-            t.add_row(d["variant"], d["reference"], f"{d['delta_phi']:+.4f}", _ci(d["ci"]), frac)
+            frac = MISSING if d["fraction_above_zero"] is None else f"{d['fraction_above_zero']:.2f}"
+            t.add_row(d["variant"], d["reference"], signed(d["delta_phi"], PHI_DIGITS),
+                      interval(d["ci"], PHI_DIGITS, is_signed=True), frac)
         console.print(t)
 
 
@@ -348,17 +339,17 @@ def _print_frontier(result: dict[str, Any], style: box.Box, level: str) -> None:
     for row in rows:
         ci = cis.get(f"gap_to_r1_r{row['r']}_C{row['C']:.3g}")
         e = emp.get((row["C"], row["r"]))
-        egap = "-" if e is None or e.get("gap_to_r1") is None else f"{e['gap_to_r1']:+.4f}"
+        egap = MISSING if e is None else signed(e.get("gap_to_r1"))
         t.add_row(
-            f"{row['C']:.3g}",
+            flops(row["C"]),
             str(row["r"]),
             f"{row['d']:.0f}",
             count(row["N"]),
             count(row["D"]),
             f"{row['tokens_per_param']:.1f}",
             f"{row['L']:.4f}",
-            f"{row['gap_to_r1']:+.4f}",
-            _ci(ci) if row["r"] != 1 else "",
+            signed(row["gap_to_r1"]),
+            interval(ci, is_signed=True) if row["r"] != 1 else "",
             egap,
         )
     console.print(t)
@@ -396,7 +387,7 @@ def plan(
     verdict = None
     if paper:
         law = JointLaw.from_params(**PAPER_COEFFICIENTS)
-        draws, base, phi_ci, src = (
+        draws, base, paper_ci, src = (
             None,
             dict(grids.PAPER_MODEL),
             PAPER_PHI_CI,
@@ -408,7 +399,7 @@ def plan(
 
         doc = read_fit(fit_file)  # type: ignore[arg-type]
         law, draws = law_from_fit(doc, variant)
-        base, phi_ci, src = dict(doc.get("template") or grids.PAPER_MODEL), None, str(fit_file)
+        base, paper_ci, src = dict(doc.get("template") or grids.PAPER_MODEL), None, str(fit_file)
         name = variant or doc.get("reference_variant") or next(iter(doc["variants"]))
         fitted_rs = [int(x) for x in doc["variants"][name].get("rs") or grids.PAPER_R]
         tps = doc.get("tokens_per_step") or grids.PAPER_TOKENS_PER_STEP
@@ -426,7 +417,7 @@ def plan(
         draws=draws,
         rs=list(r) or fitted_rs,
         tokens_per_step=int(tokens_per_step or tps),
-        phi_ci=phi_ci,
+        phi_ci=paper_ci,
     )
     if not rows:
         raise ConfigError("--r", "no r to plan: each r must divide the template's recurrent depth", value=list(r))
@@ -439,7 +430,7 @@ def plan(
                                               "plan": rows})))
         return
     t = Table(
-        title=f"plan at C = {budget:.3g} FLOPs ({src}; phi = {'-' if law.phi_ is None else f'{law.phi_:.3f}'})",
+        title=f"plan at C = {flops(budget)} FLOPs ({src}; phi = {phi_txt(law.phi_)})",
         box=box.SIMPLE_HEAVY,
     )
     for c in (
@@ -459,7 +450,7 @@ def plan(
     ):
         t.add_column(c, justify="right")
     for row in rows:
-        ci_txt = "-" if row["loss_ci"] is None else f"[{row['loss_ci'][0]:.4f}, {row['loss_ci'][1]:.4f}]"
+        ci_txt = interval(row["loss_ci"])
         t.add_row(
             str(row["r"]),
             row["layout"],
@@ -473,12 +464,12 @@ def plan(
             str(row["steps"]),
             f"{row['loss']:.4f}",
             ci_txt,
-            "-" if row["gap_to_r1"] is None else f"{row['gap_to_r1']:+.4f}",
+            signed(row["gap_to_r1"]),
         )
     console.print(t)
     if verdict is not None:
         colour = "green" if verdict.identified else "bold red"
-        console.print(f"[{colour}]φ {escape(verdict.sentence)}[/]", highlight=False, soft_wrap=True)
+        console.print(f"[{colour}]{escape(_phi_line(verdict))}[/]", highlight=False, soft_wrap=True, markup=True)
         if not verdict.identified:
             console.print("the looped rows rest on a φ the fit does not pin down; treat their losses as "
                           "unknown", highlight=False)

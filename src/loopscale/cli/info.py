@@ -13,10 +13,7 @@ from rich.table import Table
 from loopscale import accounting, grids
 from loopscale.cli.app import app, console
 from loopscale.config import ModelConfig, apply_overrides, load_mapping, validate
-
-
-def _fmt_m(n: float) -> str:
-    return f"{n / 1e6:,.1f}M" if n >= 1e5 else f"{n / 1e3:,.1f}k"
+from loopscale.numbers import count
 
 
 def _rows_for_grid(grid: str) -> list[accounting.Accounting]:
@@ -176,10 +173,10 @@ def info(
     for a, lr in zip(rows, lr_rows, strict=True):
         table.add_row(
             f"{a.budget:.3g}" if a.budget else "-",
-            str(a.d_model), str(a.r), a.layout, _fmt_m(a.N_once), _fmt_m(a.N_rec),
-            _fmt_m(a.N_unique + a.N_norm), _fmt_m(a.N_emb), f"{a.flops_per_token:.4g}",
+            str(a.d_model), str(a.r), a.layout, count(a.N_once), count(a.N_rec),
+            count(a.N_unique + a.N_norm), count(a.N_emb), f"{a.flops_per_token:.4g}",
             f"{a.attention_share:.0%}",
-            f"{a.tokens / 1e9:.3g}B" if a.tokens else "-",
+            count(a.tokens) if a.tokens else "-",
             f"{a.tokens_per_param:.1f}" if a.tokens_per_param else "-",
             str(a.steps) if a.steps is not None else "-",
             *([f"{lr['lrs']['matrix']:.4g}", f"{lr['lrs']['embed']:.4g}"] if grid and lr else []),

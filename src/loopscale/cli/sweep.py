@@ -14,8 +14,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from loopscale.cli.app import app, console, err_console
-from loopscale.cli.numbers import count
 from loopscale.errors import LoopscaleError
+from loopscale.numbers import count
 
 sweep_app = typer.Typer(help="Plan, run, resume and collect an iso-depth sweep (docs/sweep.md).",
                         no_args_is_help=True)

@@ -35,6 +35,9 @@ from typing import Any
 
 import numpy as np
 
+from loopscale.numbers import phi as phi_txt
+from loopscale.numbers import phi_ci
+
 #: a CI for phi wider than this cannot separate "a repeat is worth nothing" from "worth a block".
 MAX_CI_WIDTH = 0.5
 #: share of bootstrap draws allowed to leave phi undetermined.
@@ -176,11 +179,11 @@ def phi_verdict(fit: dict[str, Any], variant: str | None = None) -> Verdict:
         return Verdict(name, False, NOT_IDENTIFIED, None, None, level, reasons)
     if fixed is not None:
         caveats.append(f"φ was fixed to {float(fixed):g} by the fit's settings (--fix-phi), not estimated")
-        return Verdict(name, True, f"φ = {phi:.3f} (fixed, not estimated)", phi, ci, level, [], caveats)
+        return Verdict(name, True, f"φ = {phi_txt(phi)} (fixed, not estimated)", phi, ci, level, [], caveats)
 
     reasons += list(ident.get("reasons") or [])
     if "phi" in (law.get("at_bounds") or []):
-        reasons.append(f"the fit ran to a bound of φ's box [{lo_b:g}, {hi_b:g}] (φ = {phi:.3f})")
+        reasons.append(f"the fit ran to a bound of φ's box [{lo_b:g}, {hi_b:g}] (φ = {phi_txt(phi)})")
     r2 = _f((rec.get("metrics") or {}).get("r2"))
     if r2 is not None and r2 < MIN_R2:
         reasons.append(f"the joint law explains little of the loss (R² = {r2:.3f} < {MIN_R2}), so its φ means nothing")
@@ -225,8 +228,8 @@ def phi_verdict(fit: dict[str, Any], variant: str | None = None) -> Verdict:
     if reasons:
         return Verdict(name, False, NOT_IDENTIFIED, phi, ci, level, reasons, caveats)
     if ci is None:
-        return Verdict(name, True, f"φ = {phi:.3f} (uncertainty not estimated)", phi, None, level, [], caveats)
-    return Verdict(name, True, f"φ = {phi:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]", phi, ci, level, [], caveats)
+        return Verdict(name, True, f"φ = {phi_txt(phi)} (uncertainty not estimated)", phi, None, level, [], caveats)
+    return Verdict(name, True, f"φ = {phi_ci(phi, ci)}", phi, ci, level, [], caveats)
 
 
 def range_caveats(phi: float, ci: tuple[float, float] | None) -> list[str]:

@@ -9,10 +9,20 @@ The pieces, for a notebook: ``load_inputs`` -> ``ReportContext.build`` -> ``figu
 (each returns a matplotlib Figure); ``phi_verdict(fit)`` is the rule that labels phi honestly.
 """
 
-from loopscale.report.build import FORMATS, make_report, save_figure
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from loopscale.report.context import ReportContext
 from loopscale.report.honesty import MAX_CI_WIDTH, NOT_IDENTIFIED, Verdict, phi_verdict
 from loopscale.report.inputs import AXES, ReportInputs, load_inputs, read_axes
+
+if TYPE_CHECKING:
+    from loopscale.report.build import FORMATS, make_report, save_figure
+
+#: names served by ``report.build``, which loads matplotlib: imported on first use, so that
+#: ``loopscale.report.tables`` (and the context, the verdict) stay free of the plotting stack.
+_BUILD = ("FORMATS", "make_report", "save_figure")
 
 __all__ = [
     "AXES",
@@ -28,3 +38,11 @@ __all__ = [
     "read_axes",
     "save_figure",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _BUILD:
+        from loopscale.report import build
+
+        return getattr(build, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -29,10 +29,12 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
 from loopscale.fit.optima import law_frontier
+from loopscale.numbers import count, flops
 from loopscale.report import style
 from loopscale.report.context import ReportContext
-from loopscale.report.inputs import AXES, AXIS_TITLES
-from loopscale.report.style import FULL_WIDTH, fmt_count, fmt_flops, r_label
+from loopscale.report.data import axes_scores, axis_order, equivalence_ratios, tt_scores
+from loopscale.report.inputs import AXIS_TITLES
+from loopscale.report.style import FULL_WIDTH, r_label
 
 NOT_ID_COLOUR = "#B00020"
 
@@ -92,7 +94,7 @@ def _grid(n: int, ncols: int, panel_h: float, width: float = FULL_WIDTH, legend_
     return Grid(fig, axs[:n], panels, bottom)
 
 
-def _log_axis(ax: Axes, which: str = "x", fmt: Callable[[float], str] = fmt_count) -> None:
+def _log_axis(ax: Axes, which: str = "x", fmt: Callable[[float], str] | None = None) -> None:
     """Log axis with tick labels at 1-2-5 steps (1-10 steps beyond 2.5 decades); call after plotting."""
     axis = ax.xaxis if which == "x" else ax.yaxis
     (ax.set_xscale if which == "x" else ax.set_yscale)("log")
@@ -101,13 +103,14 @@ def _log_axis(ax: Axes, which: str = "x", fmt: Callable[[float], str] = fmt_coun
     subs = (1.0, 2.0, 5.0) if decades <= 2.5 else (1.0,)
     axis.set_major_locator(LogLocator(base=10, subs=subs, numticks=30))
     axis.set_minor_locator(NullLocator())  # the 1-2-5 majors carry the grid; minor ticks cost draw time
-    axis.set_major_formatter(FuncFormatter(lambda v, _pos: fmt(v)))
+    label = fmt or (lambda v: count(v, trim=True))  # ticks: "1M", not "1.00M"
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: label(v)))
     axis.set_minor_formatter(NullFormatter())
 
 
 def _count_axis(ax: Axes, which: str = "x") -> None:
     """Log axis of parameter counts: 20M, 50M, 100M, ..."""
-    _log_axis(ax, which, fmt_count)
+    _log_axis(ax, which)
 
 
 def _budget_axis(ax: Axes, budgets: list[float], which: str = "x") -> None:
@@ -117,7 +120,7 @@ def _budget_axis(ax: Axes, budgets: list[float], which: str = "x") -> None:
     if budgets:
         axis.set_major_locator(FixedLocator(budgets))
         axis.set_minor_locator(NullLocator())
-        axis.set_major_formatter(FuncFormatter(lambda v, _pos: fmt_flops(v)))
+        axis.set_major_formatter(FuncFormatter(lambda v, _pos: flops(v)))
 
 
 def _flops_x(axes: tuple[Axes, ...], budgets: list[float]) -> None:
@@ -288,7 +291,7 @@ def fig_isoflop(ctx: ReportContext) -> Figure:
                     )
             ax.plot(cell["N"], cell["val_loss"], **pal.point(r), zorder=3)
         _count_axis(ax)
-        ax.set_title(f"C = {fmt_flops(c)} FLOPs")
+        ax.set_title(f"C = {flops(c)} FLOPs")
     grid.labels(style.PARAMS + " (log scale)", style.LOSS)
     handles = [Line2D([], [], **{**pal.point(r), "linestyle": "-"}, label=r_label(r)) for r in ctx.rs] + [
         Line2D([], [], color="#555555", linestyle="-", label=f"joint law (φ = {_phi_txt(ctx)})"),
@@ -401,7 +404,7 @@ def fig_residuals(ctx: ReportContext) -> Figure:
     fig, axs = grid.fig, grid.axs
     if ctx.has_budget:
         pos = {c: i for i, c in enumerate(ctx.budgets)}
-        labels = [fmt_flops(c) for c in ctx.budgets]
+        labels = [flops(c) for c in ctx.budgets]
     lim = float(np.nanmax(np.abs(df["resid"]))) * 1.15 or 0.01
     for ax, r in zip(axs, ctx.rs, strict=True):
         g = df[df["r"] == r].sort_values("N")
@@ -620,36 +623,6 @@ def _restricted_panel(ax: Axes, ctx: ReportContext) -> None:
 
 
 # ---- 6. equivalence ------------------------------------------------------------------------------
-def equivalence_ratios(ctx: ReportContext) -> pd.DataFrame:
-    """Per r: N_eq/N and N_cost/N (median over the sweep's models) with the CI of N_eq/N from phi's draws."""
-    rows = []
-    phi = ctx.law.phi_
-    draws = None
-    boot = (ctx.record.get("bootstrap") or {}).get("draws") or {}
-    if boot.get("phi"):
-        draws = np.array([np.nan if x is None else x for x in boot["phi"]], dtype=float)
-        draws = draws[np.isfinite(draws)]
-    for r in ctx.rs:
-        g = ctx.df[ctx.df["r"] == r]
-        f_once = float(np.median(g["N_once"] / g["N"]))
-        f_rec = 1 - f_once
-        row = {
-            "r": r,
-            "N_once_share": f_once,
-            "N_cost_ratio": f_once + r * f_rec,
-            "N_eq_ratio": np.nan,
-            "N_eq_lo": np.nan,
-            "N_eq_hi": np.nan,
-        }
-        if phi is not None:
-            row["N_eq_ratio"] = f_once + r**phi * f_rec
-            if draws is not None and draws.size >= 5:
-                vals = f_once + np.power(float(r), draws) * f_rec
-                row["N_eq_lo"], row["N_eq_hi"] = np.percentile(vals, [2.5, 97.5])
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
 @styled
 def fig_equivalence(ctx: ReportContext) -> Figure:
     """What one unique looped parameter is worth: N_eq/N (same loss) and N_cost/N (same training FLOPs) per r."""
@@ -745,51 +718,6 @@ def fig_allocation(ctx: ReportContext) -> Figure:
 
 
 # ---- 8. five axes ------------------------------------------------------------------------------------
-def axis_order(names: Any) -> list[str]:
-    present = list(dict.fromkeys(str(n) for n in names))
-    return [a for a in AXES if a in present] + sorted(a for a in present if a not in AXES)
-
-
-def axes_scores(ctx: ReportContext, *, test_time: bool = False) -> pd.DataFrame:
-    """Axis score per (C, r, r_eval, axis): macro average over tasks of one run per cell.
-
-    The run per (budget, r) cell is the one with the lowest validation loss among the evaluated runs
-    (the compute-optimal run, arXiv 2604.21106 §6), when the axes table's run ids are in the runs
-    table; otherwise the scores of the cell's evaluated runs are averaged.
-    """
-    ax_df = ctx.inputs.axes
-    if ax_df is None:
-        return pd.DataFrame()
-    df = ax_df[(ax_df["r"] == 1) | (ax_df["variant"] == ctx.variant)]
-    if not test_time:
-        df = df[df["r_eval"] == df["r"]]
-    if df.empty:
-        return pd.DataFrame()
-    val = ctx.inputs.runs.df.set_index(ctx.inputs.runs.df["run_id"].astype(str))["val_loss"]
-    df = df.assign(_run=df["run_id"].astype(str), _C=df["C"].fillna(-1.0))
-    df = df.assign(_val=df["_run"].map(val))
-    keep = []
-    for _, cell in df.groupby(["_C", "r"]):
-        runs = cell.drop_duplicates("_run")
-        if len(runs) > 1 and runs["_val"].notna().all():
-            keep.append(cell[cell["_run"] == runs.loc[runs["_val"].idxmin(), "_run"]])
-        else:
-            keep.append(cell)
-    df = pd.concat(keep)
-    per_task = df.groupby(["_C", "r", "r_eval", "axis", "task", "_run"], as_index=False).agg(
-        loss=("loss", "mean"), accuracy=("accuracy", "mean") if "accuracy" in df.columns else ("loss", "size")
-    )
-    per_run = per_task.groupby(["_C", "r", "r_eval", "axis", "_run"], as_index=False).agg(
-        loss=("loss", "mean"), accuracy=("accuracy", "mean"), n_tasks=("task", "nunique")
-    )
-    out = per_run.groupby(["_C", "r", "r_eval", "axis"], as_index=False).agg(
-        loss=("loss", "mean"), accuracy=("accuracy", "mean"), n_tasks=("n_tasks", "max"), n_runs=("_run", "nunique")
-    )
-    if "accuracy" not in ax_df.columns:
-        out["accuracy"] = np.nan
-    return out.rename(columns={"_C": "C"})
-
-
 @styled
 def fig_axes(ctx: ReportContext) -> Figure | None:
     """Continuation loss per axis per r (vs budget when there are several); None when not evaluated."""
@@ -833,7 +761,7 @@ def fig_axes(ctx: ReportContext) -> Figure | None:
         )
     _axis_gap_panel(axs[-1], ctx, sc, names, rs)
     where = (
-        style.FLOPS if several else "trained recurrences r" + (f" at C = {fmt_flops(budgets[0])}" if budgets else "")
+        style.FLOPS if several else "trained recurrences r" + (f" at C = {flops(budgets[0])}" if budgets else "")
     )
     grid.labels(where, style.CONT_LOSS)
     grid.legend(_r_handles(ctx, rs, line=several), len(rs))
@@ -850,7 +778,7 @@ def _axis_gap_panel(ax: Axes, ctx: ReportContext, sc: pd.DataFrame, names: list[
     ax.text(
         0.5,
         1.02,
-        f"C = {fmt_flops(c)}" if c > 0 else "all runs",
+        f"C = {flops(c)}" if c > 0 else "all runs",
         transform=ax.transAxes,
         ha="center",
         va="bottom",
@@ -878,23 +806,6 @@ def _axis_gap_panel(ax: Axes, ctx: ReportContext, sc: pd.DataFrame, names: list[
 
 
 # ---- 9. test-time recurrence --------------------------------------------------------------------------
-def tt_budget(sc: pd.DataFrame) -> float | None:
-    """The largest budget that has test-time points (r_eval != r)."""
-    tt = sc[sc["r_eval"] != sc["r"]]
-    if tt.empty:
-        return None
-    return float(tt["C"].max())
-
-
-def tt_scores(ctx: ReportContext) -> pd.DataFrame | None:
-    """The axis scores with test-time recurrence points, at the budget the report shows them for."""
-    sc = axes_scores(ctx, test_time=True)
-    if sc.empty:
-        return None
-    c = tt_budget(sc)
-    return None if c is None else sc[sc["C"] == c]
-
-
 @styled
 def fig_test_time(ctx: ReportContext) -> Figure | None:
     """Loss vs the number of recurrences run at test time, per trained r (one panel per axis + mean)."""
@@ -948,7 +859,7 @@ def fig_test_time(ctx: ReportContext) -> Figure | None:
         Line2D([], [], color="#555555", marker="o", linestyle="none", markersize=8, label="filled: r_eval = trained r")
     )
     grid.legend(handles, min(len(handles), 3))
-    fig.suptitle(f"test-time recurrence at C = {fmt_flops(c)} FLOPs", fontweight="bold")
+    fig.suptitle(f"test-time recurrence at C = {flops(c)} FLOPs", fontweight="bold")
     return fig
 
 

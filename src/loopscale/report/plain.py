@@ -14,9 +14,12 @@ import pandas as pd
 
 from loopscale.fit.paper import PAPER_COEFFICIENTS, PAPER_PHI_CI
 from loopscale.fit.table import CONTROL_SEP
+from loopscale.numbers import flops, phi, phi_ci
 from loopscale.report.context import ReportContext
 from loopscale.report.honesty import MAX_CI_WIDTH, Verdict
-from loopscale.report.style import fmt_flops
+
+#: sentences round φ to two decimals (tables and verdicts print ``numbers.PHI_DIGITS``).
+PROSE = 2
 
 
 def plain_headline(ctx: ReportContext) -> list[str]:
@@ -35,8 +38,8 @@ def plain_headline(ctx: ReportContext) -> list[str]:
         lines.append(_difference(ctx, name))
         lines.append("With the paper's own definition (r = 1 is the plain stack): " + _result(ref, "a pass")
                      + _tax_reading(ctx, name, ref, control))
-    lines.append(f"For reference, the paper measures φ = {PAPER_COEFFICIENTS['phi']:.2f} [{PAPER_PHI_CI[0]:.2f}, "
-                 f"{PAPER_PHI_CI[1]:.2f}] with 116 GPU runs at 4.6e17–2.2e19 FLOPs.")
+    lines.append(f"For reference, the paper measures φ = {phi_ci(PAPER_COEFFICIENTS['phi'], PAPER_PHI_CI, PROSE)} "
+                 "with 116 GPU runs at 4.6e17–2.2e19 FLOPs.")
     return lines
 
 
@@ -50,7 +53,7 @@ def _measured(ctx: ReportContext) -> str:
     df = ctx.inputs.runs.df
     rs = sorted(int(r) for r in set(df["r"]))
     budgets = sorted(set(ctx.budgets))
-    where = (f" at {len(budgets)} compute budgets from {fmt_flops(budgets[0])} to {fmt_flops(budgets[-1])} FLOPs"
+    where = (f" at {len(budgets)} compute budgets from {flops(budgets[0])} to {flops(budgets[-1])} FLOPs"
              if budgets else "")
     return (f"What was measured: {df['run_id'].nunique()} training runs of small transformers whose middle blocks loop "
             f"r = {', '.join(map(str, rs))} times{where}, fitted with the paper's scaling law to ask how much "
@@ -62,11 +65,11 @@ def _result(v: Verdict, what: str) -> str:
     """The estimate and how sure it is, in words: identified (and what its CI rules out), or why it is not."""
     if v.phi is None:
         return "φ could not be estimated: " + "; ".join(v.reasons) + "."
-    ci = f" (95% CI {v.ci[0]:.2f} to {v.ci[1]:.2f})" if v.ci else ""
+    ci = f" (95% CI {phi(v.ci[0], PROSE)} to {phi(v.ci[1], PROSE)})" if v.ci else ""
     if not v.identified:
         return (f"not measured precisely enough to quote. The best estimate is that {what} is worth "
-                f"φ = {v.phi:.2f} of a unique block{ci}, but {'; '.join(v.reasons)}.")
-    return f"{what} is worth φ = {v.phi:.2f} of a unique block{ci}. " + _sureness(v)
+                f"φ = {phi(v.phi, PROSE)} of a unique block{ci}, but {'; '.join(v.reasons)}.")
+    return f"{what} is worth φ = {phi(v.phi, PROSE)} of a unique block{ci}. " + _sureness(v)
 
 
 def _sureness(v: Verdict) -> str:

@@ -10,10 +10,11 @@ from typing import Any
 
 from loopscale.fit.paper import PAPER_COEFFICIENTS, PAPER_PHI_CI
 from loopscale.fit.table import CONTROL_SEP
+from loopscale.numbers import MISSING, interval, num, phi_ci
 from loopscale.report.context import ReportContext
 from loopscale.report.honesty import NOT_IDENTIFIED, delta_phi_reading, phi_verdict
 from loopscale.report.plain import plain_headline
-from loopscale.report.tables import Table, ci_txt, num
+from loopscale.report.tables import Table
 
 
 @dataclass
@@ -145,10 +146,10 @@ def headline(ctx: ReportContext) -> dict[str, Any]:
     cis = (rec.get("bootstrap") or {}).get("ci") or {}
     facts = []
     if not v.identified and v.phi is not None:
-        facts.append(f"point estimate φ̂ = {v.phi:.3f} {ci_txt(v.ci, 3)} — shown for the record, not as a finding")
+        facts.append(f"point estimate φ̂ = {phi_ci(v.phi, v.ci)} — shown for the record, not as a finding")
     for key, name in (("alpha", "α"), ("beta", "β"), ("E", "E"), ("A", "A"), ("B", "B")):
-        ci = ci_txt(cis.get(key))
-        facts.append(f"{name} = {num(p[key])}" + ("" if ci == "–" else f" {ci}"))
+        ci = interval(cis.get(key))
+        facts.append(f"{name} = {num(p[key])}" + ("" if ci == MISSING else f" {ci}"))
     m = rec["metrics"]
     facts.append(f"R² = {m['r2']:.4f} (raw nats), RMSE {m['rmse']:.4f} nats/token, {m['n_runs']} runs")
     restricted = rec.get("restricted") or {}
@@ -193,8 +194,8 @@ def headline(ctx: ReportContext) -> dict[str, Any]:
         "delta_phi": dphi,
         "warnings": warnings,
         "paper": (
-            f"for reference, the paper (116 runs, 4.64e17–2.15e19 FLOPs): φ = {PAPER_COEFFICIENTS['phi']} "
-            f"[{PAPER_PHI_CI[0]}, {PAPER_PHI_CI[1]}]"
+            "for reference, the paper (116 runs, 4.64e17–2.15e19 FLOPs): φ = "
+            + phi_ci(PAPER_COEFFICIENTS["phi"], PAPER_PHI_CI, digits=2)
         ),
     }
 
@@ -206,7 +207,7 @@ def control_refits(ctx: ReportContext) -> list[str]:
     for name in ctx.fit.get("variants") or {}:
         if name.startswith(f"{ctx.variant}{CONTROL_SEP}"):
             o = phi_verdict(ctx.fit, name)
-            est = "φ undetermined" if o.phi is None else f"φ̂ = {o.phi:.3f} {ci_txt(o.ci, 3)}"
+            est = "φ undetermined" if o.phi is None else f"φ̂ = {phi_ci(o.phi, o.ci)}"
             why = f" — {NOT_IDENTIFIED} ({'; '.join(o.reasons)})" if not o.identified else " — identified"
             control = name.split(CONTROL_SEP, 1)[1]
             extra = "; ".join(c for c in o.caveats if c.startswith(("the CI", "φ =")))

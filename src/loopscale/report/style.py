@@ -104,22 +104,3 @@ class Palette:
 
 def r_label(r: int) -> str:
     return "r = 1 (non-looped)" if int(r) == 1 else f"r = {int(r)}"
-
-
-def fmt_flops(c: float) -> str:
-    """4.64e17 -> '4.64e17' (compact, for titles and tables)."""
-    s = f"{float(c):.3g}"
-    if "e" not in s:
-        return s
-    mant, exp = s.split("e")
-    return f"{mant}e{int(exp)}"
-
-
-def fmt_count(n: float) -> str:
-    """Parameter/token counts: 35.4M, 1.14B, 2.1T, 850K."""
-    n = float(n)
-    for div, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if abs(n) >= div:
-            v = n / div
-            return f"{v:.3g}{unit}" if v < 100 else f"{v:.0f}{unit}"
-    return f"{n:.3g}"

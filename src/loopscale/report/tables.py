@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from loopscale.fit.table import is_control_refit
+from loopscale.numbers import MISSING, PHI_DIGITS, count, flops, interval, num, phi_ci, phi_interval, signed
+from loopscale.numbers import phi as phi_txt
 from loopscale.report.context import ReportContext
-from loopscale.report.figures import AXIS_TITLES, axes_scores, axis_order, equivalence_ratios, tt_scores
+from loopscale.report.data import axes_scores, axis_order, equivalence_ratios, tt_scores
 from loopscale.report.honesty import delta_phi_reading
-from loopscale.report.style import fmt_count, fmt_flops
+from loopscale.report.inputs import AXIS_TITLES
 
 
 @dataclass
@@ -53,26 +54,6 @@ class Table:
         return "\n".join(lines)
 
 
-# ---- formatting ------------------------------------------------------------------------------
-def num(x: Any, digits: int = 4) -> str:
-    if x is None:
-        return "–"
-    x = float(x)
-    if not np.isfinite(x):
-        return "–"
-    if abs(x) >= 1e4 or (abs(x) < 1e-3 and x != 0):
-        return f"{x:.{digits - 1}e}"
-    return f"{x:.{digits}f}" if abs(x) < 10 else f"{x:.{max(digits - 2, 1)}f}"
-
-
-def ci_txt(ci: Any, digits: int = 4, signed: bool = False) -> str:
-    if not ci or ci[0] is None or ci[1] is None:
-        return "–"
-    if signed:
-        return f"[{float(ci[0]):+.{digits}f}, {float(ci[1]):+.{digits}f}]"
-    return f"[{num(ci[0], digits)}, {num(ci[1], digits)}]"
-
-
 # ---- the tables --------------------------------------------------------------------------------
 def coefficients_table(ctx: ReportContext) -> Table:
     rec, v = ctx.record, ctx.verdict
@@ -80,10 +61,10 @@ def coefficients_table(ctx: ReportContext) -> Table:
     cis = (rec.get("bootstrap") or {}).get("ci") or {}
     level = f"{v.ci_level:.0%} CI"
     rows, classes = [], []
-    phi_val = "undetermined" if p["phi"] is None else num(p["phi"])
+    phi_val = phi_txt(p["phi"])
     if p["phi"] is not None and not v.identified:
         phi_val += " (not identified)"
-    rows.append(["φ (recurrence-equivalence exponent)", phi_val, ci_txt(cis.get("phi"))])
+    rows.append(["φ (recurrence-equivalence exponent)", phi_val, phi_interval(cis.get("phi"))])
     classes.append("phi" if v.identified else "phi bad")
     for key, name in (
         ("alpha", "α (size exponent)"),
@@ -92,7 +73,7 @@ def coefficients_table(ctx: ReportContext) -> Table:
         ("A", "A"),
         ("B", "B"),
     ):
-        rows.append([name, num(p[key]), ci_txt(cis.get(key))])
+        rows.append([name, num(p[key]), interval(cis.get(key))])
         classes.append("")
     m = rec["metrics"]
     rows.append(["R² (raw nats)", num(m["r2"]), ""])
@@ -136,7 +117,7 @@ def delta_phi_table(ctx: ReportContext) -> Table | None:
     for name in fit["variants"]:
         vd = ctx.verdicts[name]
         d = dphi.get(name)
-        phi = "undetermined" if vd.phi is None else f"{vd.phi:.3f} {ci_txt(vd.ci, 3)}"
+        phi = phi_ci(vd.phi, vd.ci)
         if vd.phi is not None and not vd.identified:
             phi += " — not identified"
         if name == ctx.variant:
@@ -145,12 +126,12 @@ def delta_phi_table(ctx: ReportContext) -> Table | None:
             why = "a re-fit against control r = 1 runs, not a recipe" if is_control_refit(name) else "φ undetermined"
             rows.append([name, phi, "–", "–", f"Δφ not computed ({why})"])
         else:
-            frac = "–" if d.get("fraction_above_zero") is None else f"{d['fraction_above_zero']:.2f}"
+            frac = MISSING if d.get("fraction_above_zero") is None else f"{d['fraction_above_zero']:.2f}"
             rows.append(
                 [
                     name,
                     phi,
-                    f"{d['delta_phi']:+.3f} {ci_txt(d.get('ci'), 3, signed=True)}",
+                    f"{signed(d['delta_phi'], PHI_DIGITS)} {interval(d.get('ci'), PHI_DIGITS, is_signed=True)}",
                     frac,
                     delta_phi_reading(d).split(": ", 1)[-1],
                 ]
@@ -189,7 +170,7 @@ def loss_gap_table(ctx: ReportContext) -> Table | None:
                 emp_txt = f"{e['gap_to_r1'].min():+.3f} to {e['gap_to_r1'].max():+.3f}"
                 emp_txt += f" ({n_b}/{len(e)} cells bracketed)"
         rows.append([f"r = {r}", law_txt, ci_range, emp_txt])
-    budgets = f"{fmt_flops(min(ctx.budgets))}–{fmt_flops(max(ctx.budgets))}" if ctx.budgets else "–"
+    budgets = f"{flops(min(ctx.budgets))}–{flops(max(ctx.budgets))}" if ctx.budgets else "–"
     return Table(
         "tab-loss-gap",
         f"loss gap to r = 1 at matched compute (nats/token, budgets {budgets})",
@@ -216,18 +197,18 @@ def equivalence_table(ctx: ReportContext) -> Table:
     models = df.drop_duplicates(["r", key] if key else ["r", "N_once", "N_rec"]).sort_values(["r", "N"])
     for _, m in models.iterrows():
         r = int(m["r"])
-        n_eq = "–" if phi is None else fmt_count(m["N_once"] + r**phi * m["N_rec"])
+        n_eq = "–" if phi is None else count(m["N_once"] + r**phi * m["N_rec"])
         if phi is not None and np.isfinite(lo.get(r, np.nan)) and r > 1:
-            n_eq += f" [{fmt_count(lo[r] * m['N'])}, {fmt_count(hi[r] * m['N'])}]"
+            n_eq += f" [{count(lo[r] * m['N'])}, {count(hi[r] * m['N'])}]"
         rows.append(
             [
                 f"r = {r}",
                 str(int(m[key])) if key else "–",
-                fmt_count(m["N_once"]),
-                fmt_count(m["N_rec"]),
-                fmt_count(m["N"]),
+                count(m["N_once"]),
+                count(m["N_rec"]),
+                count(m["N"]),
                 n_eq,
-                fmt_count(m["N_once"] + r * m["N_rec"]),
+                count(m["N_once"] + r * m["N_rec"]),
             ]
         )
     return Table(
@@ -263,18 +244,18 @@ def allocation_table(ctx: ReportContext) -> Table | None:
         tag = f"r{r}_C{c:.3g}"
         gap = "–"
         if f is not None and r != 1 and np.isfinite(f["gap_to_r1"]):
-            gap = f"{f['gap_to_r1']:+.4f} {ci_txt(cis.get(f'gap_to_r1_{tag}'), 4, signed=True)}"
+            gap = f"{signed(f['gap_to_r1'])} {interval(cis.get(f'gap_to_r1_{tag}'), is_signed=True)}"
         rows.append(
             [
-                fmt_flops(c),
+                flops(c),
                 str(r),
                 "–" if f is None else f"{f['d']:.0f}",
-                "–" if f is None else fmt_count(f["N"]),
-                "–" if f is None else fmt_count(f["D"]),
+                "–" if f is None else count(f["N"]),
+                "–" if f is None else count(f["D"]),
                 "–" if f is None else f"{f['tokens_per_param']:.1f}",
                 "–" if f is None else f"{f['L']:.4f}",
                 gap,
-                "–" if e is None else fmt_count(e["N"]) + ("" if e["bracketed"] else " †"),
+                "–" if e is None else count(e["N"]) + ("" if e["bracketed"] else " †"),
                 "–" if e is None else f"{e['tokens_per_param']:.1f}",
                 "–" if e is None else f"{e['L']:.4f}",
             ]
@@ -325,7 +306,7 @@ def axes_table(ctx: ReportContext) -> Table | None:
                 txt += f" Δ{g.loc[r, 'loss'] - g.loc[1, 'loss']:+.3f}"
             row.append(txt)
         rows.append(row)
-    where = f"C = {fmt_flops(c)} FLOPs" if c > 0 else "all runs"
+    where = f"C = {flops(c)} FLOPs" if c > 0 else "all runs"
     return Table(
         "tab-axes",
         f"five axes at {where}: continuation loss (nats/token)"
@@ -353,7 +334,7 @@ def test_time_table(ctx: ReportContext) -> Table | None:
         rows.append(row)
     return Table(
         "tab-test-time",
-        f"test-time recurrence at C = {fmt_flops(c)}: mean continuation loss of the axes",
+        f"test-time recurrence at C = {flops(c)}: mean continuation loss of the axes",
         ["model"] + [f"r_eval = {x}" for x in r_evals],
         rows,
         "* the r the model was trained with.",
@@ -369,8 +350,8 @@ def checks_table(ctx: ReportContext) -> Table | None:
     if ex:
         rows.append(
             [
-                f"extrapolation to C = {fmt_flops(ex['held_out_budget'])}",
-                num(ex.get("phi"), 3),
+                f"extrapolation to C = {flops(ex['held_out_budget'])}",
+                phi_txt(ex.get("phi")),
                 f"RMSE {num(ex['rmse'])}, bias {ex['bias']:+.4f}, max {num(ex['max_abs'])}",
             ]
         )
@@ -379,11 +360,12 @@ def checks_table(ctx: ReportContext) -> Table | None:
         for half in ("lower", "upper"):
             h = hs.get(half) or {}
             b = h.get("budgets") or []
-            span = f"{fmt_flops(min(b))}–{fmt_flops(max(b))}" if b else ""
-            rows.append([f"{half} half of the budgets ({span})", num(h.get("phi"), 3), f"R² {num(h.get('r2'))}"])
+            span = f"{flops(min(b))}–{flops(max(b))}" if b else ""
+            rows.append([f"{half} half of the budgets ({span})", phi_txt(h.get("phi")), f"R² {num(h.get('r2'))}"])
     for r, lo in (ch.get("leave_one_r_out") or {}).items():
         rows.append(
-            [f"leave r = {r} out, predict it", num(lo.get("phi"), 3), f"RMSE {num(lo['rmse'])}, bias {lo['bias']:+.4f}"]
+            [f"leave r = {r} out, predict it", phi_txt(lo.get("phi")),
+             f"RMSE {num(lo['rmse'])}, bias {lo['bias']:+.4f}"]
         )
     return Table(
         "tab-checks",
