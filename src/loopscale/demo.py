@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from loopscale.errors import LoopscaleError
+from loopscale.numbers import phi_ci
 
 PRESETS = {"quick": "quick", "demo": "demo", "study": "study"}
 BUSY_WAIT_S = 60.0  # a killed demo's workers checkpoint and let go of their runs within seconds
@@ -159,8 +160,7 @@ def _print_headline(con: Console, h: dict[str, Any], axes: Any = None) -> None:
     con.print(_rich("[bold]details"))
     ci = h.get("phi_ci")
     phi = h.get("phi")
-    ci_txt = f" [95% CI {ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
-    con.print(f"  paper design: phi = {phi:.3f}{ci_txt}" if phi is not None else "  paper design: no fit",
+    con.print(f"  paper design: phi = {phi_ci(phi, ci)}" if phi is not None else "  paper design: no fit",
               highlight=False, markup=False)
     con.print(f"    {h.get('verdict')}" + (f" ({'; '.join(h['reasons'])})" if h.get("reasons") else ""),
               highlight=False, markup=False)
@@ -170,8 +170,7 @@ def _print_headline(con: Console, h: dict[str, Any], axes: Any = None) -> None:
         con.print("    R2: free " + f"{h['r2']:.4f}" + "".join(f", {k} {v:.4f}" for k, v in h["restricted"].items()
                                                              if v is not None), highlight=False, markup=False)
     for name, o in (h.get("variants") or {}).items():
-        est = "" if o.get("phi") is None else f"phi = {o['phi']:.3f}" + (
-            f" [95% CI {o['phi_ci'][0]:.2f}, {o['phi_ci'][1]:.2f}]" if o.get("phi_ci") else "")
+        est = "" if o.get("phi") is None else f"phi = {phi_ci(o['phi'], o.get('phi_ci'))}"
         line = f"  {name}: {est}" + (" - " if est and not o["identified"] else "")
         line += "identified" if o["identified"] else o["verdict"]
         con.print(line + (f" ({'; '.join(o['reasons'])})" if o.get("reasons") else ""), highlight=False,
