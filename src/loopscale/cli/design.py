@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from loopscale.cli.app import app, console, err_console
-from loopscale.numbers import count
+from loopscale.numbers import count, flops, phi
 
 
 def planned_grid(spec: Any, r1_from: str | None = None) -> Any:
@@ -165,7 +165,7 @@ def _print(sp: Any, grid: Any, res: Any, rows: list[Any], best: Any, target: flo
     n_seeds = grid["seed"].nunique()
     console.print(
         f"[bold]{escape(sp.source)}[/]: {res.n_runs} runs in {res.n_cells} (C, r) cells, {n_seeds} seed(s), "
-        f"{res.cost_flops:.3g} FLOPs; prior {escape(prior_src)} (φ = {law['phi']:.3f}); noise: run sd "
+        f"{res.cost_flops:.3g} FLOPs; prior {escape(prior_src)} (φ = {phi(law['phi'])}); noise: run sd "
         f"{res.noise.run_sd:.4f}, cell sd {res.noise.cell_sd:.4f} nats ({escape(res.noise.source)})",
         highlight=False, soft_wrap=True)
     t = Table(title=f"φ over {res.sims} simulated studies (the real fitter: {st.restarts} starts, "
@@ -191,7 +191,7 @@ def _print(sp: Any, grid: Any, res: Any, rows: list[Any], best: Any, target: flo
         for r in rs:
             b.add_column(f"r={r}", justify="right")
         for c in budgets:
-            b.add_row(f"{c:.3g}", *(_pct(res.bracketed.get(f"{c:.3g}|{r}", float("nan"))) for r in rs))
+            b.add_row(flops(c), *(_pct(res.bracketed.get(f"{c:.3g}|{r}", float("nan"))) for r in rs))
         console.print(b)
     if rows:
         s = Table(title=f"grid variants, cheapest first (φ width: sampling spread of φ̂ over {search_sims} "

@@ -13,7 +13,7 @@ from rich.table import Table
 from loopscale import accounting, grids
 from loopscale.cli.app import app, console
 from loopscale.config import ModelConfig, apply_overrides, load_mapping, validate
-from loopscale.numbers import count
+from loopscale.numbers import count, flops
 
 
 def _rows_for_grid(grid: str) -> list[accounting.Accounting]:
@@ -35,7 +35,7 @@ def _probe_table() -> Table:
     table.add_column("recipe", justify="left")
     table.add_column("r", justify="left")
     for c in grids.PAPER_BUDGETS:
-        table.add_column(f"{c:.3g}", justify="left")
+        table.add_column(flops(c), justify="left")
     table.add_column("runs", justify="right")
     base = [" ".join(map(str, grids.PAPER_WIDTHS[c])) for c in grids.PAPER_BUDGETS]
     n_base = len(grids.paper_grid())
@@ -172,7 +172,7 @@ def info(
         table.add_column(c, justify="right")
     for a, lr in zip(rows, lr_rows, strict=True):
         table.add_row(
-            f"{a.budget:.3g}" if a.budget else "-",
+            flops(a.budget) if a.budget else "-",
             str(a.d_model), str(a.r), a.layout, count(a.N_once), count(a.N_rec),
             count(a.N_unique + a.N_norm), count(a.N_emb), f"{a.flops_per_token:.4g}",
             f"{a.attention_share:.0%}",

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from loopscale.cli.app import app, console, err_console
 from loopscale.errors import LoopscaleError
-from loopscale.numbers import count
+from loopscale.numbers import count, flops
 
 sweep_app = typer.Typer(help="Plan, run, resume and collect an iso-depth sweep (docs/sweep.md).",
                         no_args_is_help=True)
@@ -120,7 +120,7 @@ def plan(
         rs = row.run
         mem = (str(row.micro_batch or "-"), f"{row.peak_bytes / 1e9:.1f} GB" if row.peak_bytes else "-")
         mem = mem if mem_bytes else ()
-        t.add_row(rs.run_id, f"{rs.C:.3g}", str(rs.r), str(rs.d_model), rs.config.model.layout, count(row.N_once),
+        t.add_row(rs.run_id, flops(rs.C), str(rs.r), str(rs.d_model), rs.config.model.layout, count(row.N_once),
                   count(row.N_rec), count(row.tokens), f"{row.tokens_per_param:.3g}", str(row.steps), *mem,
                   _dur(row.est_s) + ("*" if row.est_kind == "extrapolated" else ""),
                   "!" if row.warnings else "")
