@@ -66,7 +66,7 @@ def _noise(sigma: float | None, cell_sigma: float | None, noise_from: list[Path]
     The runs are read as the design reads its grid: baseline runs, against ``r1_from``'s r = 1 runs if given."""
     from loopscale.fit import load_runs
     from loopscale.fit.design import Noise, estimate_noise
-    from loopscale.fit.law import params_to_theta
+    from loopscale.fit.formula import params_to_theta
 
     def residual_noise(paths: Any) -> Any:
         t = load_runs(paths)
