@@ -27,6 +27,7 @@ from loopscale.fit.formula import COEFFICIENTS, LawData, params_to_theta, r_powe
 from loopscale.fit.law import JointLaw, validate_settings
 from loopscale.fit.paper import PAPER_BOOTSTRAP, PAPER_HUBER_DELTA, PAPER_RESTARTS
 from loopscale.fit.table import as_runs, budget_values, is_control_refit, tokens_per_step
+from loopscale.fit.variants import REGISTRY
 from loopscale.fit.verdict import data_rule
 
 #: FitSettings field -> JointLaw parameter: the law's settings, under the names the CLI and config use.
@@ -68,7 +69,7 @@ class FitSettings:
     variants: list[str] | None = None
     reference_variant: str | None = None
     reference_r: int | None = None  # a looped-only fit's declared reference r (CLI: --r without 1)
-    law_variants: tuple[str, ...] = ("loop_tax",)  # beyond phi = 0 / 1: fit/structure.py
+    law_variants: tuple[str, ...] = field(default_factory=lambda: tuple(REGISTRY))  # beyond phi = 0 / 1
     template: dict[str, Any] = field(default_factory=lambda: dict(grids.PAPER_MODEL))
 
     def validate(self) -> None:
@@ -433,19 +434,23 @@ def _version() -> str:
     return __version__
 
 
-def law_from_fit(fit: dict[str, Any], variant: str | None = None) -> tuple[JointLaw, np.ndarray | None]:
-    """The fitted law of one variant of a fit file, and its bootstrap draws as thetas (or None)."""
-    name = variant or fit.get("reference_variant") or next(iter(fit["variants"]))
-    if name not in fit["variants"]:
-        raise ConfigError("--variant", f"not in the fit file; it has {sorted(fit['variants'])}", value=name)
-    rec = fit["variants"][name]
-    p = rec["law"]["params"]
-    law = JointLaw.from_params(**{k: p[k] for k in COEFFICIENTS})
-    draws = rec.get("bootstrap", {}).get("draws")
+def law_from_fit(fit: Any, variant: str | None = None) -> tuple[JointLaw, np.ndarray | None]:
+    """The fitted law of one variant of a fit (a ``FitResult`` or a fit dict), and its bootstrap draws as
+    thetas (or None)."""
+    from loopscale.fit.result import FitResult
+
+    res = FitResult.of(fit)
+    name = variant or res.reference
+    if name not in res.variants:
+        raise ConfigError("--variant", f"not in the fit file; it has {sorted(res.variants)}", value=name)
+    rec = res.variant(name)
+    p = rec.params.as_dict()
+    law = JointLaw.from_params(**{**p, "phi": rec.phi})
+    boot = rec.bootstrap
     thetas = None
-    if draws and len(draws.get("E", [])):
-        arr = {k: np.array([np.nan if x is None else x for x in draws[k]], dtype=float) for k in COEFFICIENTS}
-        if p["phi"] is None:
+    if boot.draws and boot.draws_of("E").size:
+        arr = {k: boot.draws_of(k) for k in COEFFICIENTS}
+        if rec.phi_undetermined:
             arr["phi"] = np.zeros_like(arr["E"])
         thetas = np.array([params_to_theta({k: arr[k][i] for k in COEFFICIENTS}) for i in range(len(arr["E"]))])
         thetas = thetas[np.isfinite(thetas).all(axis=1)]

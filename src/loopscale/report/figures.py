@@ -28,6 +28,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
+from loopscale.fit.formula import equivalent_N
 from loopscale.fit.optima import law_frontier
 from loopscale.report import style
 from loopscale.report.context import ReportContext
@@ -310,7 +311,7 @@ def fig_isoflop(ctx: ReportContext) -> Figure:
 
 
 def _phi_txt(ctx: ReportContext) -> str:
-    if ctx.law.phi_ is None:
+    if ctx.law.phi_undetermined:
         return "undetermined"
     return f"{ctx.law.phi_:.2f}" + ("" if ctx.verdict.identified else ", not identified")
 
@@ -642,9 +643,9 @@ def equivalence_ratios(ctx: ReportContext) -> pd.DataFrame:
             "N_eq_hi": np.nan,
         }
         if phi is not None:
-            row["N_eq_ratio"] = f_once + r**phi * f_rec
+            row["N_eq_ratio"] = float(equivalent_N(f_once, f_rec, r, phi))
             if draws is not None and draws.size >= 5:
-                vals = f_once + np.power(float(r), draws) * f_rec
+                vals = equivalent_N(f_once, f_rec, r, draws)
                 row["N_eq_lo"], row["N_eq_hi"] = np.percentile(vals, [2.5, 97.5])
         rows.append(row)
     return pd.DataFrame(rows)

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from loopscale.fit.formula import equivalent_N
 from loopscale.fit.table import is_control_refit
 from loopscale.report.context import ReportContext
 from loopscale.report.figures import AXIS_TITLES, axes_scores, axis_order, equivalence_ratios, tt_scores
@@ -77,11 +78,12 @@ def ci_txt(ci: Any, digits: int = 4, signed: bool = False) -> str:
 def coefficients_table(ctx: ReportContext) -> Table:
     rec, v = ctx.record, ctx.verdict
     p = rec["law"]["params"]
-    cis = (rec.get("bootstrap") or {}).get("ci") or {}
+    cis = ctx.variant_fit.bootstrap.ci
     level = f"{v.ci_level:.0%} CI"
     rows, classes = [], []
-    phi_val = "undetermined" if p["phi"] is None else num(p["phi"])
-    if p["phi"] is not None and not v.identified:
+    undetermined = ctx.variant_fit.phi_undetermined
+    phi_val = "undetermined" if undetermined else num(p["phi"])
+    if not undetermined and not v.identified:
         phi_val += " (not identified)"
     rows.append(["φ (recurrence-equivalence exponent)", phi_val, ci_txt(cis.get("phi"))])
     classes.append("phi" if v.identified else "phi bad")
@@ -216,7 +218,7 @@ def equivalence_table(ctx: ReportContext) -> Table:
     models = df.drop_duplicates(["r", key] if key else ["r", "N_once", "N_rec"]).sort_values(["r", "N"])
     for _, m in models.iterrows():
         r = int(m["r"])
-        n_eq = "–" if phi is None else fmt_count(m["N_once"] + r**phi * m["N_rec"])
+        n_eq = "–" if phi is None else fmt_count(equivalent_N(m["N_once"], m["N_rec"], r, phi))
         if phi is not None and np.isfinite(lo.get(r, np.nan)) and r > 1:
             n_eq += f" [{fmt_count(lo[r] * m['N'])}, {fmt_count(hi[r] * m['N'])}]"
         rows.append(
