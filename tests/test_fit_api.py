@@ -184,7 +184,7 @@ def test_phi_state_replaces_none_checks() -> None:
 
 def test_a_broken_fit_file_is_one_line(tmp_path: Path) -> None:
     doc = json.loads(OLD_FIT.read_text())
-    del doc["variants"]["baseline"]["law"]
+    doc["variants"]["baseline"]["law"]["params"]["phi"] = "about a half"
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(doc))
     with pytest.raises(ConfigError, match="not a valid fit file"):

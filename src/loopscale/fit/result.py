@@ -46,13 +46,15 @@ def _ci(raw: Any) -> tuple[float, float] | None:
 
 
 class Coefficients(_Record):
-    """E, A, B, alpha, beta and phi; phi is None when the data cannot determine it (no looped runs)."""
+    """E, A, B, alpha, beta and phi; phi is None when the data cannot determine it (no looped runs).
 
-    E: float
-    A: float
-    B: float
-    alpha: float
-    beta: float
+    Every field may be missing (a hand-written record with phi alone still gets a verdict, as before)."""
+
+    E: float | None = None
+    A: float | None = None
+    B: float | None = None
+    alpha: float | None = None
+    beta: float | None = None
     phi: float | None = None
 
     @property
@@ -66,7 +68,7 @@ class Coefficients(_Record):
 class LawRecord(_Record):
     """The joint law's optimum and how the optimiser got there (fields in the fit file's order)."""
 
-    params: Coefficients
+    params: Coefficients = Coefficients()
     theta: Any = None
     objective: float | None = None
     converged: bool | None = None
@@ -112,7 +114,7 @@ class VariantFit(_Record):
 
     n_runs: int | None = None
     rs: list[int] = []
-    law: LawRecord
+    law: LawRecord = LawRecord()
     metrics: Metrics = Metrics()
     identifiability: dict[str, Any] | None = None
     derived: dict[str, Any] = {}

@@ -11,7 +11,7 @@ from typing import Any
 from loopscale.fit.paper import PAPER_COEFFICIENTS, PAPER_PHI_CI
 from loopscale.fit.table import CONTROL_SEP
 from loopscale.report.context import ReportContext
-from loopscale.report.honesty import NOT_IDENTIFIED, delta_phi_reading
+from loopscale.report.honesty import NOT_IDENTIFIED, delta_phi_reading, phi_verdict
 from loopscale.report.plain import plain_headline
 from loopscale.report.tables import Table, ci_txt, num
 
@@ -203,8 +203,9 @@ def control_refits(ctx: ReportContext) -> list[str]:
     """One line per re-fit of this recipe against control r = 1 runs (``V@C``): loopscale's main CPU-scale
     result, so it belongs beside the headline, not only in the variants table."""
     out = []
-    for name, o in ctx.verdicts.items():
+    for name in ctx.fit.get("variants") or {}:
         if name.startswith(f"{ctx.variant}{CONTROL_SEP}"):
+            o = phi_verdict(ctx.fit, name)
             est = "φ undetermined" if o.phi_undetermined else f"φ̂ = {o.phi:.3f} {ci_txt(o.ci, 3)}"
             why = f" — {NOT_IDENTIFIED} ({'; '.join(o.reasons)})" if not o.identified else " — identified"
             control = name.split(CONTROL_SEP, 1)[1]
