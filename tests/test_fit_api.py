@@ -67,6 +67,8 @@ def test_predict_before_fit_says_not_fitted() -> None:
         JointLaw().predict(1e6, 1e6, 1e9, 2)
     assert issubclass(NotFittedError, ValueError) and issubclass(NotFittedError, AttributeError)
     assert "phi=None" in repr(JointLaw())
+    with pytest.raises(NotFittedError, match="LoopTaxLaw is not fitted"):
+        LoopTaxLaw().predict(1e6, 1e6, 1e9, 2)
 
 
 def test_fit_settings_build_the_law_and_validate_once() -> None:

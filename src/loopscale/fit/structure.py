@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from loopscale.fit.formula import LawData, r2_score
-from loopscale.fit.law import EstimatorParams, JointLaw
+from loopscale.fit.law import EstimatorParams, JointLaw, NotFittedError
 from loopscale.fit.optimiser import Screen, lm_batch, multistart, polish_lbfgsb, single_thread
 
 #: name of the variant in the fit file and on the CLI.
@@ -49,8 +49,10 @@ class LoopTaxLaw(EstimatorParams):
         self.tax_bounds = tax_bounds
 
     def __getattr__(self, key: str) -> Any:  # settings (loss, delta, seed, ...) are the base law's
-        if key in ("base", "tax_bounds") or key.endswith("_"):
+        if key in ("base", "tax_bounds") or key.startswith("__"):
             raise AttributeError(key)
+        if key.endswith("_"):  # a learned value: only after fit
+            raise NotFittedError(f"this LoopTaxLaw is not fitted yet (no {key}); call fit(table) first")
         return getattr(self.base, key)
 
     @staticmethod
