@@ -113,11 +113,12 @@ def _sweep(spec: Any, store: Any, *, progress: bool, console: Console, slots: in
 def _headline(fit: dict[str, Any], runs: Any, ev: dict[str, Any], index: Path, wall: float) -> dict[str, Any]:
     """The numbers the demo prints: phi [CI] and its verdict, R2 vs restricted fits, delta phi, gaps, axes."""
     from loopscale.data.config import AXES
-    from loopscale.report.honesty import phi_verdict
+    from loopscale.fit.result import FitResult
 
-    ref = fit.get("reference_variant") or next(iter(fit["variants"]))
-    v = fit["variants"][ref]
-    verdict = phi_verdict(fit, ref)
+    res = FitResult.of(fit)
+    ref = res.reference
+    v = res.variant(ref)
+    verdict = res.verdicts[ref]
     # loss gap to r = 1 at matched compute, from the best run per (C, r) cell (parabola vertices of
     # unbracketed cells extrapolate wildly; the report shows both)
     best = runs.df[runs.df["status"].fillna("ok") == "ok"].groupby(["C", "r"])["val_loss"].min()
@@ -134,16 +135,15 @@ def _headline(fit: dict[str, Any], runs: Any, ev: dict[str, Any], index: Path, w
             if x is not None:
                 axes.setdefault(axis, {}).setdefault(int(row["r"]), []).append(float(x))
     others = {}
-    for name in fit["variants"]:
+    for name, o in res.verdicts.items():
         if name != ref:
-            o = phi_verdict(fit, name)
             others[name] = {"phi": o.phi, "phi_ci": list(o.ci) if o.ci else None, "identified": o.identified,
                             "verdict": o.label, "reasons": o.reasons, "caveats": o.caveats}
     return {
         "phi": verdict.phi, "phi_ci": list(verdict.ci) if verdict.ci else None, "identified": verdict.identified,
         "verdict": verdict.label, "reasons": verdict.reasons, "caveats": verdict.caveats,
-        "r2": v["metrics"]["r2"], "restricted": {k: r["r2"] for k, r in v["restricted"].items()},
-        "delta_phi": {d.get("variant", f"#{i}"): d.get("delta_phi") for i, d in enumerate(fit.get("delta_phi") or [])},
+        "r2": v.metrics.r2, "restricted": {k: r["r2"] for k, r in v.restricted.items()},
+        "delta_phi": {d.variant: d.delta_phi for d in res.delta_phi},
         "loss_gap_to_r1": gaps,
         "variants": others,
         "axes": {a: {r: sum(x) / len(x) for r, x in sorted(per.items())} for a, per in axes.items()},

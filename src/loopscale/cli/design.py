@@ -41,32 +41,33 @@ def planned_grid(spec: Any, r1_from: str | None = None) -> Any:
     return pd.DataFrame(rows)
 
 
-def _prior(prior: str, variant: str | None) -> tuple[dict[str, float], dict[str, Any] | None, str]:
-    from loopscale.fit import PAPER_COEFFICIENTS, read_fit
+def _prior(prior: str, variant: str | None) -> tuple[dict[str, float], Any, str]:
+    from loopscale.fit import PAPER_COEFFICIENTS
+    from loopscale.fit.fitfile import load_fit
 
     if prior == "paper":
         return dict(PAPER_COEFFICIENTS), None, "paper (arXiv 2604.21106 §1)"
     from loopscale.errors import ConfigError
 
-    doc = read_fit(Path(prior))
-    name = variant or doc.get("reference_variant") or next(iter(doc["variants"]))
-    if name not in doc["variants"]:
-        raise ConfigError("--variant", f"not in the fit file; it has {sorted(doc['variants'])}", value=name)
-    p = doc["variants"][name]["law"]["params"]
-    if p.get("phi") is None:
+    doc = load_fit(Path(prior))
+    name = variant or doc.reference
+    if name not in doc.variants:
+        raise ConfigError("--variant", f"not in the fit file; it has {sorted(doc.variants)}", value=name)
+    rec = doc.variant(name)
+    if rec.phi_undetermined:
         raise ConfigError("--prior", "the fit file's law has no phi (no r > 1 runs); give a fit with looped runs",
                           value=prior)
-    return {k: float(p[k]) for k in ("E", "A", "B", "alpha", "beta", "phi")}, doc, f"{prior} [{name}]"
+    return {k: float(x) for k, x in rec.params.as_dict().items()}, doc, f"{prior} [{name}]"
 
 
 def _noise(sigma: float | None, cell_sigma: float | None, noise_from: list[Path], prior: dict[str, float],
-           doc: dict[str, Any] | None, r1_from: str | None) -> Any:
+           doc: Any, r1_from: str | None) -> Any:
     """Flags win; else estimated from a runs table (seeds where present); else the fit's residual RMSE.
 
     The runs are read as the design reads its grid: baseline runs, against ``r1_from``'s r = 1 runs if given."""
     from loopscale.fit import load_runs
     from loopscale.fit.design import Noise, estimate_noise
-    from loopscale.fit.law import params_to_theta
+    from loopscale.fit.formula import params_to_theta
 
     def residual_noise(paths: Any) -> Any:
         t = load_runs(paths)
@@ -77,12 +78,11 @@ def _noise(sigma: float | None, cell_sigma: float | None, noise_from: list[Path]
     if noise_from:
         est = residual_noise(noise_from)
     elif doc is not None:
-        src = Path(str((doc.get("source") or {}).get("path", "")))
+        src = Path(str(doc.source.get("path", "")))
         if src.is_file():
             est = residual_noise(src)
         else:
-            rec = doc["variants"][doc.get("reference_variant") or next(iter(doc["variants"]))]
-            est = Noise(float(rec["metrics"]["rmse"]), 0.0, "the fit's residual RMSE (its runs table is not here)")
+            est = Noise(float(doc.variant().metrics.rmse), 0.0, "the fit's residual RMSE (its runs table is not here)")
     if est is None:
         est = Noise(0.01, 0.0, "default: the paper's residual RMSE per r, 0.009-0.011 nats (§5)")
     if sigma is not None or cell_sigma is not None:
@@ -131,7 +131,8 @@ def design(
     noise = _noise(sigma, cell_sigma, noise_from, law, doc, r1_from)
     fit_delta = delta
     if fit_delta is None:
-        fit_delta = sp.fit.delta if "fit" in sp.raw else float(((doc or {}).get("settings") or {}).get("delta", 1e-3))
+        stored = doc.settings.get("delta", 1e-3) if doc is not None else 1e-3
+        fit_delta = sp.fit.delta if "fit" in sp.raw else float(stored)
     settings = DesignSettings(sims=sims, bootstrap=bootstrap, restarts=restarts, delta=float(fit_delta),
                               loss=sp.fit.loss, seed=seed, workers=workers)
     with err_console.status("simulating") as status:

@@ -70,8 +70,8 @@ def fit(
     fix_phi: float | None = typer.Option(None, "--fix-phi", help="Fit with phi fixed to this value."),
     restricted: bool = typer.Option(True, "--restricted/--no-restricted", help="Also fit phi = 0 and phi = 1."),
     per_r: bool = typer.Option(True, "--per-r/--no-per-r", help="Also fit Chinchilla's law per r."),
-    law_variants: bool = typer.Option(True, "--law-variants/--no-law-variants", help="Also fit the loop_tax "
-                                      "variant (a loss factor on looped runs, its own phi), compared held out."),
+    law_variants: bool = typer.Option(True, "--law-variants/--no-law-variants", help="Also fit the law variants "
+                                      "(loop_tax: a loss factor on looped runs, its own phi), compared held out."),
     compare: str | None = typer.Option(None, "--compare", help="Test phi, alpha, beta against 'paper' or a "
                                        "fit file (bootstrap p-value and interval of the difference)."),
     checks: bool = typer.Option(True, "--checks/--no-checks", help="Extrapolation, leave-one-r-out, half split."),
@@ -83,6 +83,7 @@ def fit(
 ) -> None:
     """Fit L = E + A (N_once + r^phi N_rec)^-alpha + B D^-beta; print phi [CI] and write the fit file."""
     from loopscale.fit import FitSettings, fit_runs, load_runs, write_fit
+    from loopscale.fit.variants import REGISTRY as LAW_VARIANTS
 
     table = load_runs(runs)
     spec_fit, spec_path = _spec_fit_table(runs[0])
@@ -124,7 +125,7 @@ def fit(
         variants=list(variant) or None,
         reference_variant=reference,
         reference_r=min(only_r) if only_r and 1 not in only_r else None,
-        law_variants=("loop_tax",) if law_variants else (),
+        law_variants=tuple(LAW_VARIANTS) if law_variants else (),
         template=template,
     )
     reference_doc = _reference(compare)
@@ -192,10 +193,10 @@ def _reference(compare: str | None) -> Any:
     return read_fit(Path(compare))
 
 
-def _verdicts(result: dict[str, Any]) -> dict[str, Any]:
-    from loopscale.fit.verdict import phi_verdict
+def _verdicts(result: Any) -> dict[str, Any]:
+    from loopscale.fit.result import FitResult
 
-    return {name: phi_verdict(result, name) for name in result["variants"]}
+    return FitResult.of(result).verdicts
 
 
 def _phi_line(v: Any) -> str:
@@ -230,28 +231,29 @@ def _print_compare(cmp: dict[str, Any], style: box.Box) -> None:
 
 def _summary(result: dict[str, Any]) -> dict[str, Any]:
     from loopscale.fit.fitfile import _clean
+    from loopscale.fit.formula import COEFFICIENTS
+    from loopscale.fit.result import FitResult
 
-    verdicts = _verdicts(result)
-    out: dict[str, Any] = {"source": result["source"]["path"], "variants": {}, "delta_phi": []}
-    for name, v in result["variants"].items():
-        cis = v["bootstrap"].get("ci", {})
+    res = FitResult.of(result)
+    out: dict[str, Any] = {"source": res.source["path"], "variants": {}, "delta_phi": []}
+    for name, v in res.variants.items():
+        cis = v.bootstrap.ci
         out["variants"][name] = {
-            "params": v["law"]["params"],
-            "ci": {k: cis.get(k) for k in ("E", "A", "B", "alpha", "beta", "phi")},
-            "r2": v["metrics"]["r2"],
-            "rmse": v["metrics"]["rmse"],
-            "rmse_per_r": v["metrics"]["rmse_per_r"],
-            "restricted_r2": {k: x["r2"] for k, x in v["restricted"].items()},
-            "held_out": {"free": (v.get("checks") or {}).get("held_out"),
-                         **{k: x.get("held_out") for k, x in v["restricted"].items()}},
-            "converged": v["law"]["converged"],
-            "at_bounds": v["law"]["at_bounds"],
-            "verdict": verdicts[name].as_dict(),
+            "params": v.params.as_dict(),
+            "ci": {k: cis.get(k) for k in COEFFICIENTS},
+            "r2": v.metrics.r2,
+            "rmse": v.metrics.rmse,
+            "rmse_per_r": v.metrics.rmse_per_r,
+            "restricted_r2": {k: x["r2"] for k, x in v.restricted.items()},
+            "held_out": {"free": (v.checks or {}).get("held_out"),
+                         **{k: x.get("held_out") for k, x in v.restricted.items()}},
+            "converged": v.law.converged,
+            "at_bounds": v.law.at_bounds,
+            "verdict": res.verdicts[name].as_dict(),
             "law_variants": {k: {key: x.get(key) for key in ("phi", "kappa", "r2", "rmse", "held_out")}
-                             for k, x in (v.get("law_variants") or {}).items()},
+                             for k, x in v.law_variants.items()},
         }
-        out["variants"][name]["held_out"].update(
-            {k: x.get("held_out") for k, x in (v.get("law_variants") or {}).items()})
+        out["variants"][name]["held_out"].update({k: x.get("held_out") for k, x in v.law_variants.items()})
     for d in result["delta_phi"]:
         out["delta_phi"].append({k: d[k] for k in ("reference", "variant", "delta_phi", "ci", "fraction_above_zero")})
     if result.get("compare"):
@@ -262,30 +264,36 @@ def _summary(result: dict[str, Any]) -> dict[str, Any]:
 
 def _print_fit(result: dict[str, Any], markdown: bool) -> None:
     style = box.MARKDOWN if markdown else box.SIMPLE_HEAVY
+    from loopscale.fit.formula import PhiState
+    from loopscale.fit.result import FitResult
+
+    res = FitResult.of(result)
     level = f"{100 * result['settings']['ci_level']:.0f}% CI"
-    for name, v in result["variants"].items():
-        p, cis = v["law"]["params"], v["bootstrap"].get("ci", {})
-        t = Table(title=f"joint law - {name} ({v['n_runs']} runs, r = {', '.join(map(str, v['rs']))})", box=style)
+    for name, rec in res.variants.items():
+        v = result["variants"][name]
+        p, cis = rec.params, rec.bootstrap.ci
+        t = Table(title=f"joint law - {name} ({rec.n_runs} runs, r = {', '.join(map(str, rec.rs))})", box=style)
         t.add_column("quantity")
         t.add_column("value", justify="right")
         t.add_column(level, justify="right")
-        phi_cell = phi_txt(p["phi"]) + (" (no r > 1 runs)" if p["phi"] is None else "")
-        if p["phi"] is not None and result["settings"].get("fixed_phi") is not None:
+        state = res.phi_state(name)
+        phi_cell = "undetermined (no r > 1 runs)" if state is PhiState.UNDETERMINED else phi_txt(p.phi)
+        if state is PhiState.FIXED:
             phi_cell += " (fixed)"
         t.add_row("phi", phi_cell, phi_interval(cis.get("phi")))
         for k in ("alpha", "beta", "E", "A", "B"):
-            t.add_row(k, num(p[k]), interval(cis.get(k)))
-        t.add_row("R^2 (raw nats)", num(v["metrics"]["r2"]), "")
-        per_r = ", ".join(f"r={r}: {x:.4f}" for r, x in v["metrics"]["rmse_per_r"].items())
-        t.add_row("RMSE (nats)", num(v["metrics"]["rmse"]), per_r)
-        for key, rf in v["restricted"].items():
+            t.add_row(k, num(getattr(p, k)), interval(cis.get(k)))
+        t.add_row("R^2 (raw nats)", num(rec.metrics.r2), "")
+        per_r = ", ".join(f"r={r}: {x:.4f}" for r, x in rec.metrics.rmse_per_r.items())
+        t.add_row("RMSE (nats)", num(rec.metrics.rmse), per_r)
+        for key, rf in rec.restricted.items():
             t.add_row(f"R^2 restricted {key}", num(rf["r2"]), f"RMSE {rf['rmse']:.4f}")
-        for key, lv in (v.get("law_variants") or {}).items():
-            t.add_row(f"R^2 {key}", num(lv["r2"]),
-                      f"RMSE {lv['rmse']:.4f}; phi {phi_txt(lv['phi'])}, looped-loss factor 1{lv['kappa']:+.3f}")
-        for label, ho in (("free", (v.get("checks") or {}).get("held_out")),
-                          *((k, rf.get("held_out")) for k, rf in v["restricted"].items()),
-                          *((k, lv.get("held_out")) for k, lv in (v.get("law_variants") or {}).items())):
+        for key, lv in rec.law_variants.items():
+            factor = "" if lv.get("kappa") is None else f", looped-loss factor 1{lv['kappa']:+.3f}"
+            t.add_row(f"R^2 {key}", num(lv["r2"]), f"RMSE {lv['rmse']:.4f}; phi {phi_txt(lv['phi'])}{factor}")
+        for label, ho in (("free", (rec.checks or {}).get("held_out")),
+                          *((k, rf.get("held_out")) for k, rf in rec.restricted.items()),
+                          *((k, lv.get("held_out")) for k, lv in rec.law_variants.items())):
             if ho:
                 t.add_row(f"held-out RMSE {label}", num(ho["extrapolation_rmse"]),
                           f"top budget; leave-one-r-out {num(ho['leave_one_r_out_rmse'])}")
@@ -374,7 +382,6 @@ def plan(
         PAPER_PHI_CI,
         JointLaw,
         law_from_fit,
-        read_fit,
     )
     from loopscale.fit import (
         plan as make_plan,
@@ -395,15 +402,15 @@ def plan(
         )
         fitted_rs, tps = list(grids.PAPER_R), grids.PAPER_TOKENS_PER_STEP
     else:
-        from loopscale.fit.verdict import phi_verdict
+        from loopscale.fit.fitfile import load_fit
 
-        doc = read_fit(fit_file)  # type: ignore[arg-type]
+        doc = load_fit(fit_file)  # type: ignore[arg-type]
         law, draws = law_from_fit(doc, variant)
-        base, paper_ci, src = dict(doc.get("template") or grids.PAPER_MODEL), None, str(fit_file)
-        name = variant or doc.get("reference_variant") or next(iter(doc["variants"]))
-        fitted_rs = [int(x) for x in doc["variants"][name].get("rs") or grids.PAPER_R]
-        tps = doc.get("tokens_per_step") or grids.PAPER_TOKENS_PER_STEP
-        verdict = phi_verdict(doc, name)
+        base, paper_ci, src = dict(doc.template or grids.PAPER_MODEL), None, str(fit_file)
+        name = variant or doc.reference
+        fitted_rs = [int(x) for x in doc.variant(name).rs or grids.PAPER_R]
+        tps = doc.tokens_per_step or grids.PAPER_TOKENS_PER_STEP
+        verdict = doc.verdict(name)
     outside = sorted(x for x in set(r) if not min(fitted_rs) <= x <= max(fitted_rs))
     if outside:
         raise ConfigError("--r", f"outside the range of r the law was fitted on ({min(fitted_rs)}-{max(fitted_rs)}: "
@@ -429,8 +436,9 @@ def plan(
                                               "verdict": None if verdict is None else verdict.as_dict(),
                                               "plan": rows})))
         return
+    phi_shown = MISSING if law.phi_undetermined else phi_txt(law.phi_)
     t = Table(
-        title=f"plan at C = {flops(budget)} FLOPs ({src}; phi = {phi_txt(law.phi_)})",
+        title=f"plan at C = {flops(budget)} FLOPs ({src}; phi = {phi_shown})",
         box=box.SIMPLE_HEAVY,
     )
     for c in (

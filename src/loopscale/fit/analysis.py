@@ -23,17 +23,34 @@ from loopscale.errors import ConfigError
 from loopscale.fit import checks as checks_mod
 from loopscale.fit import optima
 from loopscale.fit.bootstrap import cell_counts, percentile_ci, refit_batch
-from loopscale.fit.law import LOSSES, JointLaw, LawData, theta_to_params
+from loopscale.fit.formula import COEFFICIENTS, LawData, params_to_theta, r_power, theta_to_params
+from loopscale.fit.law import JointLaw, validate_settings
 from loopscale.fit.paper import PAPER_BOOTSTRAP, PAPER_HUBER_DELTA, PAPER_RESTARTS
 from loopscale.fit.table import as_runs, budget_values, is_control_refit, tokens_per_step
+from loopscale.fit.variants import REGISTRY
 from loopscale.fit.verdict import data_rule
 
-COEFFICIENTS = ("E", "A", "B", "alpha", "beta", "phi")
+#: FitSettings field -> JointLaw parameter: the law's settings, under the names the CLI and config use.
+LAW_FIELDS: dict[str, str] = {
+    "loss": "loss",
+    "delta": "delta",
+    "phi_bounds": "phi_bounds",
+    "fixed_phi": "phi",
+    "restarts": "restarts",
+    "polish": "polish",
+    "seed": "seed",
+}
+#: the command-line flag of each law setting (for one-line errors).
+_FLAGS = {"loss": "--loss", "delta": "--delta", "phi_bounds": "--phi-bounds", "restarts": "--restarts"}
 
 
 @dataclass
 class FitSettings:
-    """Every option of a fit; stored verbatim in the fit file."""
+    """Every option of a fit; stored verbatim in the fit file.
+
+    The law's own settings (``LAW_FIELDS``) are validated by ``law.validate_settings`` and become a
+    ``JointLaw`` through :meth:`law`, so the two never disagree; ``fixed_phi`` is JointLaw's ``phi``.
+    """
 
     loss: str = "huber"
     delta: float = PAPER_HUBER_DELTA
@@ -52,34 +69,25 @@ class FitSettings:
     variants: list[str] | None = None
     reference_variant: str | None = None
     reference_r: int | None = None  # a looped-only fit's declared reference r (CLI: --r without 1)
-    law_variants: tuple[str, ...] = ("loop_tax",)  # beyond phi = 0 / 1: fit/structure.py
+    law_variants: tuple[str, ...] = field(default_factory=lambda: tuple(REGISTRY))  # beyond phi = 0 / 1
     template: dict[str, Any] = field(default_factory=lambda: dict(grids.PAPER_MODEL))
 
     def validate(self) -> None:
-        if self.loss not in LOSSES:
-            raise ConfigError("--loss", f"unknown objective; expected one of {', '.join(LOSSES)}", value=self.loss)
-        if not self.delta > 0:
-            raise ConfigError("--delta", "Huber delta must be > 0", value=self.delta)
-        lo, hi = self.phi_bounds
-        if not lo < hi:
-            raise ConfigError("--phi-bounds", "expected lower < upper", value=self.phi_bounds)
-        if self.restarts < 1:
-            raise ConfigError("--restarts", "expected at least 1", value=self.restarts)
+        validate_settings(loss=self.loss, delta=self.delta, phi_bounds=self.phi_bounds, restarts=self.restarts,
+                          names=_FLAGS)
         if self.bootstrap < 0:
             raise ConfigError("--bootstrap", "expected 0 (off) or a number of resamples", value=self.bootstrap)
         if not 0 < self.ci_level < 1:
             raise ConfigError("--ci", "expected a level between 0 and 1", value=self.ci_level)
 
     def law(self, phi: float | None = None, restarts: int | None = None) -> JointLaw:
-        return JointLaw(
-            loss=self.loss,
-            delta=self.delta,
-            phi=self.fixed_phi if phi is None else phi,
-            phi_bounds=self.phi_bounds,
-            restarts=restarts or self.restarts,
-            polish=self.polish,
-            seed=self.seed,
-        )
+        """The (unfitted) joint law of these settings; ``phi`` / ``restarts`` override the settings'."""
+        law = JointLaw().set_params(**{p: getattr(self, f) for f, p in LAW_FIELDS.items()})
+        if phi is not None:
+            law.set_params(phi=phi)
+        if restarts:
+            law.set_params(restarts=restarts)
+        return law
 
 
 # ---- helpers -------------------------------------------------------------------------------
@@ -100,8 +108,8 @@ def derived_from_params(p: dict[str, Any], rs: list[int]) -> dict[str, Any]:
     alpha, beta, phi = (np.asarray(p[k], dtype=float) for k in ("alpha", "beta", "phi"))
     out: dict[str, Any] = {}
     for r in rs:
-        if r > 1:
-            out[f"r_phi_{r}"] = np.power(float(r), phi)  # a repeated block's worth in unique blocks
+        if r > 1:  # a repeated block's worth in unique blocks (formula.r_power: the law's own r^phi)
+            out[f"r_phi_{r}"] = r_power(float(r), phi)
     with np.errstate(invalid="ignore", divide="ignore"):
         out["N_exponent_6ND"] = beta / (alpha + beta)  # Chinchilla's a = beta/(alpha+beta) for C = 6ND
         out["D_exponent_6ND"] = alpha / (alpha + beta)
@@ -208,7 +216,7 @@ def fit_runs(
                 f"[{v}] {law.n_near_optimal_} distinct minima within 1% of the best objective; "
                 "see law.minima in the fit file"
             )
-        derived = derived_from_params(law.params_ | {"phi": law.phi_ if law.phi_ is not None else np.nan}, rs)
+        derived = derived_from_params(law.params_ | {"phi": np.nan if law.phi_undetermined else law.phi_}, rs)
         rec["derived"] = {k: _float(x) for k, x in derived.items()}
 
         # restricted fits and per-r Chinchilla fits
@@ -266,7 +274,7 @@ def fit_runs(
                 progress=lambda done, total, v=v: say(f"[{v}] bootstrap: {done}/{total} resamples"),
             )
             P = {k: np.array([theta_to_params(t)[k] for t in fits.theta]) for k in COEFFICIENTS}
-            if law.phi_ is None:
+            if law.phi_undetermined:
                 P["phi"] = np.full(len(fits.theta), np.nan)
             else:
                 P["phi"] = np.where(fits.phi_identifiable | (law.phi is not None), P["phi"], np.nan)
@@ -274,7 +282,7 @@ def fit_runs(
             D = derived_from_params(P, rs)
             boot["ci_level"] = settings.ci_level
             boot["converged_fraction"] = float(fits.converged.mean())
-            boot["phi_undetermined_draws"] = int(np.sum(~np.isfinite(P["phi"]))) if law.phi_ is not None else None
+            boot["phi_undetermined_draws"] = int(np.sum(~np.isfinite(P["phi"]))) if not law.phi_undetermined else None
             boot["ci"] = {k: percentile_ci(x, settings.ci_level) for k, x in {**P, **D}.items()}
             boot["draws"] = {
                 **{k: x for k, x in P.items()},
@@ -292,7 +300,7 @@ def fit_runs(
         if settings.checks:
             say(f"[{v}] validation: extrapolation, leave-one-r-out, half split")
             rec["checks"] = checks_mod.run_checks(law, vruns, restarts=settings.checks_restarts)
-            if law.phi_ is not None and len(rs) == 2:
+            if not law.phi_undetermined and len(rs) == 2:
                 warnings_.append(
                     f"[{v}] leave-one-r-out skipped: with two r values each refit sees one r, where φ is "
                     "undetermined or confounded with A, so held-out comparisons of φ = 0 / 1 rest on the "
@@ -350,41 +358,27 @@ def fit_runs(
 
 def _law_variants(law: JointLaw, vruns: Any, settings: FitSettings, say: Callable[[str], None],
                   v: str) -> dict[str, Any]:
-    """Law variants beyond phi = 0 / 1 (``structure.NAME``: a loop-structure factor), each with its own
-    phi, judged by the same held-out errors as the free and restricted laws. Adding one: a class with
-    ``clone``, ``fit`` and ``predict`` (see ``structure.LoopTaxLaw``) and a line here."""
-    from loopscale.fit import structure
+    """Law variants beyond phi = 0 / 1 (``variants.REGISTRY``: e.g. a loop-structure factor), each with its
+    own phi, judged by the same held-out errors as the free and restricted laws (docs/extending.md)."""
+    from loopscale.fit import variants
 
     out: dict[str, Any] = {}
+    # Half the checks' starts: every fit of a variant is warm-started (from the free law's optimum, or the
+    # variant's own for its held-out refits); the loop tax's profile re-tries 12 fixed random starts at each s.
+    restarts = max(settings.checks_restarts // 2, 20)
     for name in settings.law_variants:
-        if name != structure.NAME:
-            raise ConfigError("--law-variant", f"unknown law variant; expected {structure.NAME}", value=name)
-        if settings.fixed_phi is not None or not (vruns.df["r"] == 1).any():
+        tl = variants.make(name, settings.law(restarts=restarts))
+        if settings.fixed_phi is not None or not tl.applies(vruns.df):
             continue
         say(f"[{v}] law variant {name}")
-        # Half the checks' starts: every fit of the variant is warm-started (from the free law's optimum, or
-        # the variant's own for its held-out refits) and its profile re-tries 12 fixed random starts at each s.
-        restarts = max(settings.checks_restarts // 2, 20)
-        base = settings.law(restarts=restarts)
-        tl = structure.LoopTaxLaw(base).fit(vruns, extra_starts=law.theta_[None])
-        out[name] = {
-            "params": tl.params_,
-            "phi": tl.phi_,
-            "kappa": tl.kappa_,
-            "objective": tl.objective_,
-            "converged": tl.converged_,
-            "r2": tl.r2_,
-            "rmse": tl.rmse_,
-            "n_runs": tl.n_runs_,
-        }
+        tl.fit(vruns, extra_starts=law.theta_[None])
+        out[name] = tl.record()
         if settings.checks:
             out[name]["held_out"] = checks_mod.run_checks(tl, vruns, restarts=restarts, split=False)["held_out"]
     return out
 
 
 def _theta_of(minimum: dict[str, Any]) -> np.ndarray:
-    from loopscale.fit.law import params_to_theta
-
     return params_to_theta(minimum["params"])
 
 
@@ -420,7 +414,7 @@ def _optima(
             f"[{v}] law-based frontier skips r = {skipped}: not a divisor of the template's "
             "recurrent depth (set --set model.L_eff=...)"
         )
-    if law.phi_ is None:
+    if law.phi_undetermined:
         frs = [r for r in frs if r == 1]
     if not frs:
         return out
@@ -440,21 +434,23 @@ def _version() -> str:
     return __version__
 
 
-def law_from_fit(fit: dict[str, Any], variant: str | None = None) -> tuple[JointLaw, np.ndarray | None]:
-    """The fitted law of one variant of a fit file, and its bootstrap draws as thetas (or None)."""
-    from loopscale.fit.law import params_to_theta
+def law_from_fit(fit: Any, variant: str | None = None) -> tuple[JointLaw, np.ndarray | None]:
+    """The fitted law of one variant of a fit (a ``FitResult`` or a fit dict), and its bootstrap draws as
+    thetas (or None)."""
+    from loopscale.fit.result import FitResult
 
-    name = variant or fit.get("reference_variant") or next(iter(fit["variants"]))
-    if name not in fit["variants"]:
-        raise ConfigError("--variant", f"not in the fit file; it has {sorted(fit['variants'])}", value=name)
-    rec = fit["variants"][name]
-    p = rec["law"]["params"]
-    law = JointLaw.from_params(**{k: p[k] for k in COEFFICIENTS})
-    draws = rec.get("bootstrap", {}).get("draws")
+    res = FitResult.of(fit)
+    name = variant or res.reference
+    if name not in res.variants:
+        raise ConfigError("--variant", f"not in the fit file; it has {sorted(res.variants)}", value=name)
+    rec = res.variant(name)
+    p = rec.params.as_dict()
+    law = JointLaw.from_params(**{**p, "phi": rec.phi})
+    boot = rec.bootstrap
     thetas = None
-    if draws and len(draws.get("E", [])):
-        arr = {k: np.array([np.nan if x is None else x for x in draws[k]], dtype=float) for k in COEFFICIENTS}
-        if p["phi"] is None:
+    if boot.draws and boot.draws_of("E").size:
+        arr = {k: boot.draws_of(k) for k in COEFFICIENTS}
+        if rec.phi_undetermined:
             arr["phi"] = np.zeros_like(arr["E"])
         thetas = np.array([params_to_theta({k: arr[k][i] for k in COEFFICIENTS}) for i in range(len(arr["E"]))])
         thetas = thetas[np.isfinite(thetas).all(axis=1)]

@@ -6,7 +6,7 @@ comes from comparing cells. Resampling whole cells with replacement keeps that s
 is what the paper did (200 resamples, 2.5/97.5 percentiles).
 
 A resample is a vector of multiplicities over the runs, so every refit is the *same* data with
-other weights: all draws are fitted together by the batched optimiser of ``law``. Each draw starts
+other weights: all draws are fitted together by the batched optimiser (``loopscale.fit.optimiser``). Each draw starts
 from the main optimum and the other distinct minima the main fit found (warm starts), plus a few
 fresh random starts from the paper's box (so a draw whose optimum moved to another basin can still
 find it). :func:`restart_check` compares this with full restarts on a few draws: the warm-started
@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loopscale.fit.law import PHI, Bounds, LawData, Screen, _lm_batch, _polish, _single_thread, multistart
+from loopscale.fit.formula import N_THETA, PHI, LawData
+from loopscale.fit.optimiser import Bounds, Screen, lm_batch, multistart, polish_lbfgsb, single_thread
 
 
 def cell_counts(n_cells: int, n_draws: int, rng: np.random.Generator) -> np.ndarray:
@@ -51,7 +52,7 @@ class Refits:
 CHUNK_ELEMENTS = 1_000_000
 
 
-@_single_thread
+@single_thread
 def refit_batch(
     data: LawData,
     weights: np.ndarray,
@@ -69,31 +70,26 @@ def refit_batch(
 
     Starts per draw: the ``warm`` points (k, 6) and ``random_starts`` uniform points of the box.
     The batched Levenberg-Marquardt stage runs every start (on the design points when the table is
-    large: ``law.Screen``); the best start of each draw is polished by L-BFGS-B on the exact objective
+    large: ``optimiser.Screen``); the best start of each draw is polished by L-BFGS-B on the exact objective
     over every run. Chunks keep memory bounded (10,000 runs: ~0.3 GB instead of 3.4 GB);
     ``progress(done, B)`` is called after each draw.
     """
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     weights = np.asarray(weights, dtype=float)
     B = len(weights)
-    free = np.ones(6, dtype=bool)
-    lo, hi = bounds.lower.copy(), bounds.upper.copy()
-    if fixed_phi is not None or not data.phi_identifiable:
-        free[PHI] = False
-        lo[PHI] = hi[PHI] = 0.0 if fixed_phi is None else fixed_phi
-    bnds = Bounds(lo, hi)
+    bnds, free = bounds.pin_phi(fixed_phi, data.phi_identifiable)
     warm = np.atleast_2d(np.asarray(warm, dtype=float))
     k = len(warm) + random_starts
-    starts = np.empty((B, k, 6))
+    starts = np.empty((B, k, N_THETA))
     starts[:, : len(warm)] = warm
     if random_starts:
-        starts[:, len(warm) :] = bnds.sample(B * random_starts, rng).reshape(B, random_starts, 6)
+        starts[:, len(warm) :] = bnds.sample(B * random_starts, rng).reshape(B, random_starts, N_THETA)
     if not free[PHI]:
-        starts[..., PHI] = lo[PHI]
+        starts[..., PHI] = bnds.lower[PHI]
     screen = Screen.of(data)
     sdata = data if screen is None else screen.data
     chunk = max(1, CHUNK_ELEMENTS // (k * len(sdata)))
-    out = np.empty((B, 6))
+    out = np.empty((B, N_THETA))
     obj = np.empty(B)
     conv = np.zeros(B, dtype=bool)
     for c0 in range(0, B, chunk):
@@ -101,13 +97,13 @@ def refit_batch(
         nb = sl.stop - sl.start
         sw = weights[sl] if screen is None else screen.weights(weights[sl])
         W = np.repeat(sw, k, axis=0)
-        ends, f = _lm_batch(starts[sl].reshape(nb * k, 6), sdata, W, bnds, free, loss, delta, max_iter=30)
-        ends, f = ends.reshape(nb, k, 6), f.reshape(nb, k)
+        ends, f = lm_batch(starts[sl].reshape(nb * k, N_THETA), sdata, W, bnds, free, loss, delta, max_iter=30)
+        ends, f = ends.reshape(nb, k, N_THETA), f.reshape(nb, k)
         best = np.argmin(np.where(np.isfinite(f), f, np.inf), axis=1)
         th = ends[np.arange(nb), best]
-        th, _ = _lm_batch(th, sdata, sw, bnds, free, loss, delta, max_iter=200)
+        th, _ = lm_batch(th, sdata, sw, bnds, free, loss, delta, max_iter=200)
         for j, i in enumerate(range(sl.start, sl.stop)):
-            m = _polish(th[j], data, weights[i], bnds, free, loss, delta)
+            m = polish_lbfgsb(th[j], data, weights[i], bnds, free, loss, delta)
             out[i], obj[i], conv[i] = m.theta, m.objective, m.converged
             if progress is not None:  # per draw: on 10,000 runs each polish is the slow part
                 progress(i + 1, B)
@@ -116,7 +112,7 @@ def refit_batch(
     return Refits(out, obj, conv, ident)
 
 
-@_single_thread
+@single_thread
 def restart_check(
     data: LawData,
     weights: np.ndarray,

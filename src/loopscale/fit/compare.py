@@ -23,18 +23,18 @@ import numpy as np
 
 from loopscale.fit.bootstrap import percentile_ci
 from loopscale.fit.paper import PAPER_COEFFICIENTS, PAPER_PHI_CI
+from loopscale.fit.result import FitResult
 
 QUANTITIES: tuple[str, ...] = ("phi", "alpha", "beta")
 _Z95 = 1.959963984540054
 
 
-def _draws(fit: dict[str, Any], variant: str | None) -> tuple[str, dict[str, float | None], dict[str, np.ndarray]]:
-    name = variant or fit.get("reference_variant") or next(iter(fit["variants"]))
-    rec = fit["variants"][name]
-    params = rec["law"]["params"]
-    raw = (rec.get("bootstrap") or {}).get("draws") or {}
-    draws = {k: np.array([np.nan if x is None else x for x in raw.get(k, [])], dtype=float) for k in QUANTITIES}
-    return name, {k: params.get(k) for k in QUANTITIES}, draws
+def _draws(fit: Any, variant: str | None) -> tuple[str, dict[str, float | None], dict[str, np.ndarray]]:
+    res = FitResult.of(fit)
+    name = variant or res.reference
+    rec = res.variant(name)
+    params = rec.params.as_dict()
+    return name, {k: params[k] for k in QUANTITIES}, {k: rec.bootstrap.draws_of(k) for k in QUANTITIES}
 
 
 def p_value(d: np.ndarray) -> float | None:
@@ -46,8 +46,8 @@ def p_value(d: np.ndarray) -> float | None:
 
 
 def compare(
-    fit: dict[str, Any],
-    reference: str | dict[str, Any],
+    fit: FitResult | dict[str, Any],
+    reference: str | FitResult | dict[str, Any],
     *,
     variant: str | None = None,
     reference_variant: str | None = None,
@@ -55,7 +55,7 @@ def compare(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Per quantity: fitted value, reference value (and CI), difference with interval and p-value, verdict."""
-    level = float(level or (fit.get("settings") or {}).get("ci_level") or 0.95)
+    level = float(level or FitResult.of(fit).ci_level)
     name, own, own_draws = _draws(fit, variant)
     rng = np.random.default_rng(seed)
     if isinstance(reference, str):
@@ -68,7 +68,7 @@ def compare(
         ref_draws = None
     else:
         rname, ref, ref_draws = _draws(reference, reference_variant)
-        label = f"{(reference.get('source') or {}).get('path', 'fit file')} [{rname}]"
+        label = f"{FitResult.of(reference).source.get('path', 'fit file')} [{rname}]"
         ref_ci = {k: percentile_ci(ref_draws[k], level) if ref_draws[k].size else None for k in QUANTITIES}
         sd = {}
     rows = []

@@ -43,7 +43,9 @@ import pandas as pd
 
 from loopscale.fit._threads import single_thread_blas
 from loopscale.fit.bootstrap import cell_counts, percentile_ci, refit_batch
-from loopscale.fit.law import PHI, Bounds, LawData, multistart, params_to_theta, predict_theta
+from loopscale.fit.formula import PHI, LawData, params_to_theta
+from loopscale.fit.formula import predict as predict_theta
+from loopscale.fit.optimiser import Bounds, multistart
 from loopscale.fit.paper import PAPER_HUBER_DELTA
 from loopscale.fit.table import budget_values
 from loopscale.fit.verdict import MAX_CI_WIDTH

@@ -18,6 +18,7 @@ from loopscale.errors import ConfigError
 from loopscale.io import atomic_write_text
 
 FORMAT = "loopscale.fit"
+#: the fit file's format version (``result.FitResult.version``); a reader accepts exactly this one.
 VERSION = 1
 
 
@@ -39,8 +40,10 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
-def write_fit(path: str | Path, fit: dict[str, Any]) -> Path:
-    """Write ``fit`` as JSON atomically; returns the path."""
+def write_fit(path: str | Path, fit: Any) -> Path:
+    """Write ``fit`` (the dict of ``fit_runs``, or a ``result.FitResult``) as JSON atomically; returns the path."""
+    if hasattr(fit, "to_dict"):
+        fit = {k: v for k, v in fit.to_dict().items() if k not in ("format", "version")}
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     doc = {"format": FORMAT, "version": VERSION, **_clean(fit)}
@@ -75,3 +78,17 @@ def read_fit(path: str | Path) -> dict[str, Any]:
     if not doc.get("variants"):
         raise ConfigError("variants", "fit file holds no fitted variant", source=str(p))
     return doc
+
+
+def load_fit(path: str | Path) -> Any:
+    """Read a fit file as a typed ``result.FitResult`` (``read_fit``'s checks, then the types')."""
+    from pydantic import ValidationError
+
+    from loopscale.fit.result import FitResult
+
+    try:
+        return FitResult.of(read_fit(path))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise ConfigError(where or "fit file", f"not a valid fit file ({err['msg']})", source=str(path)) from None

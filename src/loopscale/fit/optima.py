@@ -23,7 +23,7 @@ import pandas as pd
 from loopscale import accounting
 from loopscale.config import ModelConfig
 from loopscale.errors import ConfigError
-from loopscale.fit.law import predict_theta
+from loopscale.fit import formula
 from loopscale.fit.table import budget_values
 
 _STRIP = ("s", "d_model", "r")
@@ -102,7 +102,7 @@ def law_frontier(
     d = np.exp(logd)
     n_once, n_rec, flops = poly.at(d)
     D = C[:, None] / flops[None, :]  # (K, G)
-    loss = predict_theta(
+    loss = formula.predict(
         t, np.broadcast_to(n_once, D.shape), np.broadcast_to(n_rec, D.shape), D, np.full(D.shape, float(r))
     )  # (S, K, G)
     loss = np.where(np.isfinite(loss), loss, np.inf)
@@ -122,8 +122,7 @@ def law_frontier(
     d_star = np.where(interior, d_star, d[k])
     no, nr, f = poly.at(d_star)
     D_star = C / f
-    L_star = _loss_rows(t, no, nr, D_star, r)
-    phi = t[:, 5:6]
+    L_star = formula.loss(t, no, nr, D_star, r)  # each theta row at its own optimum: (S, K)
     out = {
         "d": d_star,
         "N_once": no,
@@ -132,20 +131,12 @@ def law_frontier(
         "D": D_star,
         "L": L_star,
         "tokens_per_param": D_star / (no + nr),
-        "N_eq": no + np.power(float(r), phi) * nr,
+        "N_eq": formula.equivalent_N(no, nr, r, formula.slot(t, formula.Slot.PHI)),
         "interior": interior,
     }
     if np.ndim(theta) == 1:
         out = {key: v[0] for key, v in out.items()}
     return out
-
-
-def _loss_rows(t: np.ndarray, no: np.ndarray, nr: np.ndarray, D: np.ndarray, r: int) -> np.ndarray:
-    """Loss for each theta row s at its own points (no[s], nr[s], D[s]) -> (S, K)."""
-    a, b, e, alpha, beta, phi = (t[:, j : j + 1] for j in range(6))
-    m = no + np.exp(phi * np.log(float(r))) * nr
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        return np.exp(e) + np.exp(a - alpha * np.log(m)) + np.exp(b - beta * np.log(D))
 
 
 def power_slope(C: np.ndarray, y: np.ndarray) -> np.ndarray:

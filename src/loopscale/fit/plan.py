@@ -16,7 +16,9 @@ import numpy as np
 
 from loopscale import accounting, grids
 from loopscale.fit.bootstrap import percentile_ci
-from loopscale.fit.law import JointLaw, predict_theta
+from loopscale.fit.formula import Slot
+from loopscale.fit.formula import predict as predict_theta
+from loopscale.fit.law import JointLaw
 from loopscale.fit.optima import law_frontier, template_config, valid_rs
 
 
@@ -34,7 +36,7 @@ def plan(
     """One recommendation per r (rows sorted by r); see the module docstring."""
     template = dict(grids.PAPER_MODEL if template is None else template)
     rs = valid_rs(template, list(rs or grids.PAPER_R))
-    if law.phi_ is None:
+    if law.phi_undetermined:
         rs = [r for r in rs if r == 1]
     head = int(template.get("head_dim", 128))
     rows = []
@@ -76,7 +78,7 @@ def plan(
             row["ci_kind"] = f"bootstrap {ci_level:.0%}"
         elif phi_ci is not None and r > 1:
             t = np.repeat(law.theta_[None], 2, axis=0)
-            t[:, 5] = phi_ci
+            t[:, Slot.PHI] = phi_ci
             ends = predict_theta(t, n_once, n_rec, D, r)
             row["loss_ci"] = (float(ends.min()), float(ends.max()))
             row["ci_kind"] = "phi CI only"

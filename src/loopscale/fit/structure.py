@@ -24,17 +24,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from loopscale.fit.law import (
-    PHI,
-    JointLaw,
-    LawData,
-    Screen,
-    _lm_batch,
-    _polish,
-    _single_thread,
-    multistart,
-    r2_score,
-)
+from loopscale.fit.formula import LawData, r2_score
+from loopscale.fit.law import EstimatorParams, JointLaw, NotFittedError
+from loopscale.fit.optimiser import Screen, lm_batch, multistart, polish_lbfgsb, single_thread
 
 #: name of the variant in the fit file and on the CLI.
 NAME = "loop_tax"
@@ -46,7 +38,7 @@ def _shifted(data: LawData, s: float) -> LawData:
     return dataclasses.replace(data, y=data.y - s * looped, L=data.L * np.exp(-s * looped))
 
 
-class LoopTaxLaw:
+class LoopTaxLaw(EstimatorParams):
     """The joint law times (1 + kappa) on looped runs; same settings and attributes as ``JointLaw``
     (``phi_``, ``theta_``, ``r2_``, ...) plus ``kappa_`` and ``log_tax_`` (s = log(1 + kappa))."""
 
@@ -57,14 +49,35 @@ class LoopTaxLaw:
         self.tax_bounds = tax_bounds
 
     def __getattr__(self, key: str) -> Any:  # settings (loss, delta, seed, ...) are the base law's
-        if key in ("base", "tax_bounds") or key.endswith("_"):
+        if key in ("base", "tax_bounds") or key.startswith("__"):
             raise AttributeError(key)
+        if key.endswith("_"):  # a learned value: only after fit
+            raise NotFittedError(f"this LoopTaxLaw is not fitted yet (no {key}); call fit(table) first")
         return getattr(self.base, key)
 
+    @staticmethod
+    def applies(df: pd.DataFrame) -> bool:
+        """The factor is measured against r = 1 runs: without them there is nothing to fit."""
+        return bool((df["r"] == 1).any())
+
+    def record(self) -> dict[str, Any]:
+        """What the fit file stores for this variant (``variants.<v>.law_variants.loop_tax``)."""
+        return {
+            "params": self.params_,
+            "phi": self.phi_,
+            "kappa": self.kappa_,
+            "objective": self.objective_,
+            "converged": self.converged_,
+            "r2": self.r2_,
+            "rmse": self.rmse_,
+            "n_runs": self.n_runs_,
+        }
+
     def clone(self, **overrides: Any) -> LoopTaxLaw:
+        """The same variant, unfitted; ``overrides`` are the base law's settings (what ``checks`` refits with)."""
         return LoopTaxLaw(self.base.clone(**overrides), tax_bounds=self.tax_bounds)
 
-    @_single_thread
+    @single_thread
     def fit(self, table: Any, *, extra_starts: np.ndarray | None = None) -> LoopTaxLaw:
         from scipy.optimize import minimize_scalar
 
@@ -78,11 +91,7 @@ class LoopTaxLaw:
             law.fit(runs, extra_starts=extra_starts)
             self._set(law, 0.0, data)
             return self
-        bounds = law.bounds()
-        free = np.ones(6, dtype=bool)
-        if law.phi is not None:
-            free[PHI] = False
-            bounds.lower[PHI] = bounds.upper[PHI] = law.phi
+        bounds, free = law.bounds().pin_phi(law.phi)
         first = multistart(data, bounds=bounds, fixed_phi=law.phi, loss=law.loss, delta=law.delta,
                            restarts=law.restarts, polish=4, advance=16, seed=law.seed, extra_starts=extra_starts)
         # The same starts at every s (the basins of s = 0, 12 fixed random points, the last optimum), so the
@@ -95,7 +104,7 @@ class LoopTaxLaw:
 
         def profile(s: float) -> float:  # the joint law's best objective on data shifted by s
             starts = np.vstack([warm[-1:], fixed])
-            ends, f = _lm_batch(starts, _shifted(pdata, s), pw, bounds, free, law.loss, law.delta, max_iter=60)
+            ends, f = lm_batch(starts, _shifted(pdata, s), pw, bounds, free, law.loss, law.delta, max_iter=60)
             k = int(np.argmin(f))
             warm.append(ends[k])
             return float(f[k])
@@ -103,7 +112,7 @@ class LoopTaxLaw:
         res = minimize_scalar(profile, bounds=self.tax_bounds, method="bounded", options={"xatol": 1e-4})
         s = float(res.x)
         shifted = _shifted(data, s)
-        best = _polish(warm[-1], shifted, ones[0], bounds, free, law.loss, law.delta)
+        best = polish_lbfgsb(warm[-1], shifted, ones[0], bounds, free, law.loss, law.delta)
         law.phi_identifiable_ = data.phi_identifiable
         law._set(best.theta, fitted_phi=law.phi is None)
         law.objective_, law.converged_ = best.objective, best.converged

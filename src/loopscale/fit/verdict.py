@@ -132,6 +132,11 @@ class Verdict:
     caveats: list[str] = field(default_factory=list)  # things to know even when it is
 
     @property
+    def phi_undetermined(self) -> bool:
+        """No estimate at all (no looped runs), as opposed to an estimate that is not identified."""
+        return self.phi is None
+
+    @property
     def ci_width(self) -> float | None:
         return None if self.ci is None else self.ci[1] - self.ci[0]
 
@@ -154,25 +159,26 @@ def _f(x: Any) -> float | None:
     return v if v == v else None
 
 
-def phi_verdict(fit: dict[str, Any], variant: str | None = None) -> Verdict:
-    """Decide whether phi of ``variant`` (default: the reference) is identified, and say why not."""
-    name = variant or fit.get("reference_variant") or next(iter(fit["variants"]))
-    rec = fit["variants"][name]
-    settings = fit.get("settings") or {}
-    law = rec.get("law") or {}
-    phi = _f((law.get("params") or {}).get("phi"))
-    boot = rec.get("bootstrap") or {}
-    level = float(boot.get("ci_level") or settings.get("ci_level") or 0.95)
-    ci_raw = (boot.get("ci") or {}).get("phi")
-    ci = None
-    if ci_raw and _f(ci_raw[0]) is not None and _f(ci_raw[1]) is not None:
-        ci = (float(ci_raw[0]), float(ci_raw[1]))
-    lo_b, hi_b = settings.get("phi_bounds") or (-3.0, 3.0)
+def phi_verdict(fit: Any, variant: str | None = None) -> Verdict:
+    """Decide whether phi of ``variant`` (default: the reference) is identified, and say why not.
+
+    ``fit`` is a ``result.FitResult`` or a fit dict (of ``fit_runs``, or a fit file)."""
+    from loopscale.fit.result import FitResult
+
+    res = FitResult.of(fit)
+    name = variant or res.reference
+    rec = res.variant(name)
+    law = rec.law
+    phi = rec.phi
+    boot = rec.bootstrap
+    level = float(boot.ci_level or res.ci_level)
+    ci = boot.ci_of("phi")
+    lo_b, hi_b = res.phi_bounds
     span = float(hi_b) - float(lo_b)
-    ident = rec.get("identifiability") or {}
+    ident = rec.identifiability or {}
     reasons: list[str] = []
     caveats: list[str] = list(ident.get("caveats") or [])
-    fixed = settings.get("fixed_phi")
+    fixed = res.fixed_phi
 
     if phi is None:
         reasons.append("the table has no looped (r > 1) runs, so φ does not enter the fit")
@@ -182,26 +188,26 @@ def phi_verdict(fit: dict[str, Any], variant: str | None = None) -> Verdict:
         return Verdict(name, True, f"φ = {phi_txt(phi)} (fixed, not estimated)", phi, ci, level, [], caveats)
 
     reasons += list(ident.get("reasons") or [])
-    if "phi" in (law.get("at_bounds") or []):
+    if "phi" in law.at_bounds:
         reasons.append(f"the fit ran to a bound of φ's box [{lo_b:g}, {hi_b:g}] (φ = {phi_txt(phi)})")
-    r2 = _f((rec.get("metrics") or {}).get("r2"))
+    r2 = _f(rec.metrics.r2)
     if r2 is not None and r2 < MIN_R2:
         reasons.append(f"the joint law explains little of the loss (R² = {r2:.3f} < {MIN_R2}), so its φ means nothing")
-    if law.get("converged") is False:
-        reasons.append(f"the optimiser did not converge ({law.get('message') or 'no message'})")
-    near = [m for m in law.get("minima") or [] if m.get("near_optimal")]
+    if law.converged is False:
+        reasons.append(f"the optimiser did not converge ({law.message or 'no message'})")
+    near = [m for m in law.minima if m.get("near_optimal")]
     phis = [_f(m["params"].get("phi")) for m in near if _f(m["params"].get("phi")) is not None]
     if len(phis) > 1 and max(phis) - min(phis) > MINIMA_PHI_SPREAD:
         reasons.append(
             f"{len(phis)} near-optimal minima (within 1% of the best objective) disagree on φ "
             f"({min(phis):.2f} to {max(phis):.2f})"
         )
-    if "identifiability" not in rec:  # fit files written before the data rule was stored
-        for w in fit.get("warnings") or []:
+    if rec.identifiability is None:  # fit files written before the data rule was stored
+        for w in res.warnings:
             if w.startswith(f"[{name}]") and "POORLY identifiable" in w:
                 reasons.append("every r > 1 has a single width, so φ rests on one model size per r")
     if ci is None:
-        if not boot.get("n"):
+        if not boot.n:
             caveats.append("no bootstrap was run, so φ's uncertainty is unknown (rerun with --bootstrap 200)")
         else:
             reasons.append("the bootstrap gave no finite CI for φ")
@@ -214,15 +220,15 @@ def phi_verdict(fit: dict[str, Any], variant: str | None = None) -> Verdict:
         tol = 1e-3 * span
         if ci[0] <= lo_b + tol or ci[1] >= hi_b - tol:
             reasons.append(f"the CI reaches a bound of φ's box [{lo_b:g}, {hi_b:g}]")
-    n_boot = int(boot.get("n") or 0)
-    undet = boot.get("phi_undetermined_draws")
+    n_boot = int(boot.n or 0)
+    undet = boot.phi_undetermined_draws
     if n_boot and undet and undet / n_boot > MAX_UNDETERMINED_SHARE:
         reasons.append(f"{undet} of {n_boot} bootstrap draws left φ undetermined (no r > 1 cell drawn)")
-    conv = _f(boot.get("converged_fraction"))
+    conv = _f(boot.converged_fraction)
     if conv is not None and conv < 0.9:
         caveats.append(f"only {conv:.0%} of bootstrap refits converged")
 
-    if "phi" not in (law.get("at_bounds") or []):  # at a bound the reason says it all
+    if "phi" not in law.at_bounds:  # at a bound the reason says it all
         caveats += range_caveats(phi, ci)
     reasons = list(dict.fromkeys(reasons))
     if reasons:

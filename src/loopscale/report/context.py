@@ -17,8 +17,9 @@ import pandas as pd
 from loopscale import grids
 from loopscale.fit import JointLaw, law_from_fit
 from loopscale.fit.optima import empirical_optima, template_config, valid_rs
+from loopscale.fit.result import FitResult, VariantFit
 from loopscale.fit.table import budget_values
-from loopscale.report.honesty import Verdict, phi_verdict
+from loopscale.report.honesty import Verdict
 from loopscale.report.inputs import ReportInputs
 from loopscale.report.style import Palette
 
@@ -48,6 +49,16 @@ class ReportContext:
         return self.inputs.fit
 
     @property
+    def result(self) -> FitResult:
+        """The fit, typed (``loopscale.fit.result``)."""
+        return FitResult.of(self.inputs.fit)
+
+    @property
+    def variant_fit(self) -> VariantFit:
+        """The reference variant's record, typed."""
+        return self.result.variant(self.variant)
+
+    @property
     def has_budget(self) -> bool:
         return "_C" in self.df.columns
 
@@ -56,8 +67,9 @@ class ReportContext:
         fit = inputs.fit
         variant = inputs.reference
         rec = fit["variants"][variant]
-        law, draws = law_from_fit(fit, variant)
-        if law.phi_ is None:
+        result = FitResult.of(fit)
+        law, draws = law_from_fit(result, variant)
+        if law.phi_undetermined:
             draws = None  # phi undetermined: draws carry no information about phi
         runs = inputs.runs.for_variant(variant) if variant in set(inputs.runs.df["variant"]) else inputs.runs
         df = runs.df.copy()
@@ -71,7 +83,7 @@ class ReportContext:
         template = dict(fit.get("template") or grids.PAPER_MODEL)
         notes = list(inputs.notes)
         frontier_rs = valid_rs(template, rs)
-        if law.phi_ is None:
+        if law.phi_undetermined:
             frontier_rs = [r for r in frontier_rs if r == 1]
         mismatch = _template_mismatch(template, df)
         if mismatch:
@@ -81,7 +93,7 @@ class ReportContext:
         if empirical.empty and "C" in df.columns:
             empirical = empirical_optima(df)
         frontier = pd.DataFrame(opt.get("frontier") or [])
-        verdicts = {v: phi_verdict(fit, v) for v in fit["variants"]}
+        verdicts = result.verdicts
         axes_rs = inputs.axes["r"].tolist() + inputs.axes["r_eval"].tolist() if inputs.axes is not None else []
         palette = Palette.for_rs(rs, inputs.runs.df["r"], axes_rs)
         return cls(

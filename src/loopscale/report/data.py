@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from loopscale.fit.formula import equivalent_N
 from loopscale.report.context import ReportContext
 from loopscale.report.inputs import AXES
 
@@ -38,9 +39,9 @@ def equivalence_ratios(ctx: ReportContext) -> pd.DataFrame:
             "N_eq_hi": np.nan,
         }
         if phi is not None:
-            row["N_eq_ratio"] = f_once + r**phi * f_rec
+            row["N_eq_ratio"] = float(equivalent_N(f_once, f_rec, r, phi))
             if draws is not None and draws.size >= 5:
-                vals = f_once + np.power(float(r), draws) * f_rec
+                vals = equivalent_N(f_once, f_rec, r, draws)
                 row["N_eq_lo"], row["N_eq_hi"] = np.percentile(vals, [2.5, 97.5])
         rows.append(row)
     return pd.DataFrame(rows)

@@ -313,7 +313,7 @@ def fig_isoflop(ctx: ReportContext) -> Figure:
 
 
 def _phi_txt(ctx: ReportContext) -> str:
-    if ctx.law.phi_ is None:
+    if ctx.law.phi_undetermined:
         return "undetermined"
     return f"{ctx.law.phi_:.2f}" + ("" if ctx.verdict.identified else ", not identified")
 

@@ -63,7 +63,7 @@ def _measured(ctx: ReportContext) -> str:
 
 def _result(v: Verdict, what: str) -> str:
     """The estimate and how sure it is, in words: identified (and what its CI rules out), or why it is not."""
-    if v.phi is None:
+    if v.phi_undetermined:
         return "φ could not be estimated: " + "; ".join(v.reasons) + "."
     ci = f" (95% CI {phi(v.ci[0], PROSE)} to {phi(v.ci[1], PROSE)})" if v.ci else ""
     if not v.identified:

@@ -207,7 +207,7 @@ def control_refits(ctx: ReportContext) -> list[str]:
     for name in ctx.fit.get("variants") or {}:
         if name.startswith(f"{ctx.variant}{CONTROL_SEP}"):
             o = phi_verdict(ctx.fit, name)
-            est = "φ undetermined" if o.phi is None else f"φ̂ = {phi_ci(o.phi, o.ci)}"
+            est = "φ undetermined" if o.phi_undetermined else f"φ̂ = {phi_ci(o.phi, o.ci)}"
             why = f" — {NOT_IDENTIFIED} ({'; '.join(o.reasons)})" if not o.identified else " — identified"
             control = name.split(CONTROL_SEP, 1)[1]
             extra = "; ".join(c for c in o.caveats if c.startswith(("the CI", "φ =")))

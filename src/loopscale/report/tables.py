@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from loopscale.fit.formula import equivalent_N
 from loopscale.fit.table import is_control_refit
 from loopscale.numbers import MISSING, PHI_DIGITS, count, flops, interval, num, phi_ci, phi_interval, signed
 from loopscale.numbers import phi as phi_txt
@@ -58,11 +59,12 @@ class Table:
 def coefficients_table(ctx: ReportContext) -> Table:
     rec, v = ctx.record, ctx.verdict
     p = rec["law"]["params"]
-    cis = (rec.get("bootstrap") or {}).get("ci") or {}
+    cis = ctx.variant_fit.bootstrap.ci
     level = f"{v.ci_level:.0%} CI"
     rows, classes = [], []
-    phi_val = phi_txt(p["phi"])
-    if p["phi"] is not None and not v.identified:
+    undetermined = ctx.variant_fit.phi_undetermined
+    phi_val = "undetermined" if undetermined else phi_txt(p["phi"])
+    if not undetermined and not v.identified:
         phi_val += " (not identified)"
     rows.append(["φ (recurrence-equivalence exponent)", phi_val, phi_interval(cis.get("phi"))])
     classes.append("phi" if v.identified else "phi bad")
@@ -197,7 +199,7 @@ def equivalence_table(ctx: ReportContext) -> Table:
     models = df.drop_duplicates(["r", key] if key else ["r", "N_once", "N_rec"]).sort_values(["r", "N"])
     for _, m in models.iterrows():
         r = int(m["r"])
-        n_eq = "–" if phi is None else count(m["N_once"] + r**phi * m["N_rec"])
+        n_eq = MISSING if phi is None else count(equivalent_N(m["N_once"], m["N_rec"], r, phi))
         if phi is not None and np.isfinite(lo.get(r, np.nan)) and r > 1:
             n_eq += f" [{count(lo[r] * m['N'])}, {count(hi[r] * m['N'])}]"
         rows.append(
