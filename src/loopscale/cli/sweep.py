@@ -14,60 +14,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from loopscale.cli.app import app, console, err_console
-from loopscale.errors import LoopscaleError
 from loopscale.numbers import count, flops
 
 sweep_app = typer.Typer(help="Plan, run, resume and collect an iso-depth sweep (docs/sweep.md).",
                         no_args_is_help=True)
 app.add_typer(sweep_app, name="sweep")
 
-class SweepIncomplete(LoopscaleError):
-    """Some runs failed; the others finished (exit status 1)."""
-
-    exit_code = 1
-
-
-class SweepBusy(LoopscaleError):
-    """No run failed, but some are held by another live process and were not run (exit status 3)."""
-
-    exit_code = 3
-
-
-class SubmitFailed(LoopscaleError):
-    """sbatch or submitit refused a submission (exit status 1)."""
-
-    exit_code = 1
-
-
-def _slurm() -> Any:
-    """``loopscale.sweep.slurm``, or one line when submitit cannot be imported."""
-    try:
-        from loopscale.sweep import slurm
-    except ImportError as exc:
-        from loopscale.errors import ConfigError
-
-        raise ConfigError("--executor", f"slurm needs submitit, which cannot be imported ({exc}); "
-                          "pip install 'submitit>=1.5', or use --executor local") from None
-    return slurm
-
-
-def _first_lines(exc: Exception, limit: int = 300) -> str:
-    """An exception's message (sbatch's stderr included) on one line, cut to ``limit`` characters."""
-    text = " ".join(str(exc).split()) or "no message"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 SPEC_HELP = "Spec TOML, a sweep dir (its spec.toml) or a preset name (e.g. demo, paper)."
-
-
-def _dur(s: float | None) -> str:
-    if s is None:
-        return "-"
-    if s < 120:
-        return f"{s:.0f} s"
-    if s < 7200:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.1f} h"
 
 
 def _store_for(spec_arg: str, out: Path | None, spec: Any) -> Any:
@@ -101,6 +54,7 @@ def plan(
     """Print every run (size, tokens, steps, estimated time) and the totals, with warnings; trains nothing."""
     from loopscale.sweep import load_spec, make_plan
     from loopscale.sweep.calibrate import Calibration
+    from loopscale.sweep.progress import duration as _dur
 
     spec = load_spec(spec_arg, set_)
     root = Path(_store_for(spec_arg, out, spec))
@@ -144,11 +98,14 @@ def plan(
                    "alone at its slot's threads)" if p.slots > 1 else f"{_dur(p.total_s)} one run at a time")
         console.print(f"[bold]estimated time:[/] {at_once} ({escape(p.calibration_note + star)})", markup=True,
                       highlight=False)
-    if spec.executors.get("slurm"):
-        settings_from_spec = _slurm().settings_from_spec
-        s = settings_from_spec(spec.executors["slurm"], spec.source)
-        console.print(f"[bold]SLURM:[/] ~{p.total_flops / s.flops_per_gpu / 3600:.0f} GPU-hours at "
-                      f"{s.flops_per_gpu:.3g} FLOP/s per GPU (\\[slurm] flops_per_gpu)", markup=True, highlight=False)
+    from loopscale.sweep import executor as executors
+
+    for name, table in spec.executors.items():  # e.g. [slurm]: its GPU-hours
+        if table:
+            ex = executors.get(name)
+            note = ex.plan_note(ex.settings(table, spec.source), p.total_flops)
+            if note:
+                console.print(note, markup=True, highlight=False)
     if csv is not None:
         import pandas as pd
 
@@ -175,7 +132,7 @@ def _device_memory(text: str | None) -> float | None:
 def run(
     spec_arg: str = typer.Argument(..., metavar="SPEC_OR_DIR", help=SPEC_HELP),
     out: Path | None = typer.Option(None, "--out", "-o", help="Sweep dir (default sweeps/<name>, or SPEC_OR_DIR)."),
-    executor: str = typer.Option("local", "--executor", "-e", help="local or slurm."),
+    executor: str = typer.Option("local", "--executor", "-e", help="local or slurm (loopscale.sweep.executor)."),
     max_retries: int | None = typer.Option(None, "--max-retries", help="Retries of a failed run (default: spec)."),
     isolate: bool = typer.Option(False, "--isolate",
                                  help=escape("Each run in its own subprocess (or [local] isolate).")),
@@ -194,8 +151,7 @@ def run(
                                          "when squeue cannot confirm their job is gone."),
 ) -> None:
     """Run (or resume) the sweep: finished runs are skipped, interrupted ones resume, failed ones are retried."""
-    from loopscale.errors import ConfigError
-    from loopscale.sweep import load_spec, prepare, run_sweep
+    from loopscale.sweep import load_spec, prepare
     from loopscale.train.batches import check_allowed
 
     spec = load_spec(spec_arg, set_)
@@ -210,57 +166,17 @@ def run(
             if st.status == "failed":
                 store.reset_failures(rs.run_id)
     err_console.print(f"sweep {spec.name}: {len(runs)} runs in {store.root}", highlight=False)
-    if executor == "slurm":
-        from loopscale.sweep import plan_row
+    from loopscale.sweep import executor as executors
+    from loopscale.sweep import plan_row
 
-        slurm = _slurm()
-        s = slurm.settings_from_spec(spec.executors.get("slurm", {}), spec.source)
-        flops = {rs.run_id: plan_row(rs, spec).flops for rs in runs}
-        try:
-            recs = slurm.submit(store, runs, flops, s, max_retries=retries, cluster=cluster,
-                                resubmit_queued=resubmit_queued, log=lambda m: err_console.print(m, highlight=False))
-        except LoopscaleError:
-            raise
-        except Exception as exc:  # sbatch refused, submitit failed: one line, the runs stay unsubmitted
-            raise SubmitFailed(f"slurm: submission failed ({type(exc).__name__}: {_first_lines(exc)}); runs "
-                               f"submitted before it are queued; fix the cause and rerun to submit the rest") from None
-        if not recs:
-            err_console.print("nothing to submit: every run is finished, running or queued", highlight=False)
-        if cluster == "debug":  # runs in this process, one after another
-            for rec in recs:
-                for job in rec["jobs"]:
-                    job.result()
-        err_console.print(f"follow with: loopscale sweep status {store.root}", highlight=False)
-        return
-    if executor != "local":
-        raise ConfigError("--executor", "expected local or slurm", value=executor)
-    from loopscale.config import validate
-    from loopscale.sweep.local import LocalSettings
-
-    local: LocalSettings = validate(LocalSettings, spec.executors.get("local", {}), source=spec.source,
-                                    prefix="local")
-    gpu_ids = [int(g) for g in gpus.split(",") if g.strip()] if gpus is not None else local.gpus
-    summary = run_sweep(spec, store, variants=variant or None, max_retries=retries, isolate=isolate or local.isolate,
-                        gpus=gpu_ids, nproc_per_run=nproc_per_run or local.nproc_per_run, progress=not no_progress,
-                        console=err_console, slots=slots or local.slots)
-    counts = ", ".join(f"{len(v)} {k}" for k, v in summary.outcomes.items())
-    err_console.print(f"sweep {spec.name}: {counts or 'nothing to do'} in {_dur(summary.wall_s)}; "
-                      f"`loopscale sweep collect {store.root}` writes the runs table", highlight=False)
-    failed = summary.outcomes.get("failed", []) + summary.outcomes.get("gave-up", [])
-    failed += [rid for rid in summary.outcomes.get("skipped", []) if store.state(rid).status == "failed"]
-    busy = summary.outcomes.get("busy", [])
-    if busy and failed:
-        from loopscale.sweep.local import busy_message
-
-        err_console.print(busy_message(store, busy), highlight=False, markup=False)
-    if failed:
-        more = ", ..." if len(failed) > 3 else ""
-        raise SweepIncomplete(f"{len(failed)} run(s) failed ({', '.join(failed[:3])}{more}); errors in "
-                              f"`loopscale sweep status {store.root}`; `--retry-failed` runs them again")
-    if busy:
-        from loopscale.sweep.local import busy_message
-
-        raise SweepBusy(busy_message(store, busy))
+    gpu_ids = [int(g) for g in gpus.split(",") if g.strip()] if gpus is not None else None
+    flags = {"isolate": isolate or None, "gpus": gpu_ids, "nproc_per_run": nproc_per_run, "slots": slots,
+             "cluster": cluster, "resubmit_queued": resubmit_queued or None}  # each executor takes its own
+    job = executors.SweepJob(name=spec.name, store=store, runs=runs,
+                             flops={rs.run_id: plan_row(rs, spec).flops for rs in runs}, max_retries=retries,
+                             console=err_console, table=spec.executors.get(executor, {}), source=spec.source,
+                             options=flags, progress=not no_progress)
+    executors.get(executor).launch(job)
 
 
 @sweep_app.command("run-one", hidden=True)
@@ -271,6 +187,7 @@ def run_one(
 ) -> None:
     """Worker: train one run of a sweep dir with the sweep's bookkeeping (used by --isolate and GPU slots)."""
     from loopscale.sweep.execute import execute_run
+    from loopscale.sweep.executor import SweepIncomplete
     from loopscale.sweep.store import open_store
 
     outcome = execute_run(open_store(sweep_dir), run_id, max_retries=max_retries, executor="local-worker")

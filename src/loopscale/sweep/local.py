@@ -28,16 +28,20 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 from rich.console import Console
 
 from loopscale.config import StrictModel
+from loopscale.signals import STOP, StopSignals
 from loopscale.sweep.execute import execute_run, runnable, tidy_finished_run
-from loopscale.sweep.progress import SweepProgress
-from loopscale.sweep.spec import RunSpec
+from loopscale.sweep.executor import Executor, SweepBusy, SweepIncomplete, SweepJob
+from loopscale.sweep.progress import SweepProgress, duration
 from loopscale.sweep.store import SweepStore, _last_step
+
+if TYPE_CHECKING:
+    from loopscale.sweep.spec import RunSpec
 
 
 class LocalSettings(StrictModel):
@@ -180,35 +184,41 @@ def _message(store: SweepStore, run_id: str, outcome: str) -> str:
     return f"{run_id}: {outcome}"
 
 
-class _StopOnSignal:
-    """Between runs, SIGTERM/SIGINT stop the sweep (inside a run the trainer checkpoints first)."""
+def _stop_between_runs(signum: int, first: bool) -> None:
+    """In-process sweep: a signal between runs stops the sweep (inside a run the trainer checkpoints first)."""
+    from loopscale.train import RunInterrupted
 
-    def __init__(self, on_signal: Any = None) -> None:
-        self.caught: int | None = None
-        self.on_signal = on_signal
-        self._old: dict[int, Any] = {}
+    raise RunInterrupted(f"sweep stopped by signal {signum}; rerun the same command to resume", signum)
 
-    def __enter__(self) -> _StopOnSignal:
-        import threading
 
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
+class LocalExecutor(Executor):
+    """``--executor local``: this machine's CPU slots or GPUs (``run_local``); the spec's ``[local]`` table."""
 
-    def _handle(self, signum: int, frame: Any) -> None:
-        first = self.caught is None
-        self.caught = signum
-        if self.on_signal is not None:
-            self.on_signal(signum, first)
-        else:
-            from loopscale.train import RunInterrupted
+    name = "local"
+    Settings = LocalSettings
 
-            raise RunInterrupted(f"sweep stopped by signal {signum}; rerun the same command to resume", signum)
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
+    def launch(self, job: SweepJob) -> None:
+        """Train the runs here; one line of outcomes, then SweepIncomplete (failed runs) or SweepBusy."""
+        local: LocalSettings = self.settings(job.table, job.source)
+        store = job.store
+        summary = run_local(store, job.runs, job.flops, max_retries=job.max_retries, console=job.console,
+                            isolate=bool(job.option("isolate")) or local.isolate, gpus=job.option("gpus", local.gpus),
+                            nproc_per_run=job.option("nproc_per_run") or local.nproc_per_run,
+                            progress=job.progress, slots=job.option("slots") or local.slots)
+        counts = ", ".join(f"{len(v)} {k}" for k, v in summary.outcomes.items())
+        job.console.print(f"sweep {job.name}: {counts or 'nothing to do'} in {duration(summary.wall_s)}; "
+                          f"`loopscale sweep collect {store.root}` writes the runs table", highlight=False)
+        failed = summary.outcomes.get("failed", []) + summary.outcomes.get("gave-up", [])
+        failed += [rid for rid in summary.outcomes.get("skipped", []) if store.state(rid).status == "failed"]
+        busy = summary.outcomes.get("busy", [])
+        if busy and failed:
+            job.console.print(busy_message(store, busy), highlight=False, markup=False)
+        if failed:
+            more = ", ..." if len(failed) > 3 else ""
+            raise SweepIncomplete(f"{len(failed)} run(s) failed ({', '.join(failed[:3])}{more}); errors in "
+                                  f"`loopscale sweep status {store.root}`; `--retry-failed` runs them again")
+        if busy:
+            raise SweepBusy(busy_message(store, busy))
 
 
 def run_local(store: SweepStore, runs: list[RunSpec], flops: dict[str, float], *, max_retries: int,
@@ -248,7 +258,7 @@ def run_local(store: SweepStore, runs: list[RunSpec], flops: dict[str, float], *
 
 def _run_in_process(store: SweepStore, queue: collections.deque, summary: Summary, prog: SweepProgress,
                     flops: dict[str, float], steps: dict[str, int], max_retries: int) -> None:
-    with _StopOnSignal():
+    with StopSignals(STOP, _stop_between_runs):
         while queue:
             rid = queue.popleft()
             ok, why = runnable(store, rid, max_retries)
@@ -320,7 +330,7 @@ def _run_subprocesses(store: SweepStore, queue: collections.deque, slots: list[d
             with contextlib.suppress(OSError):
                 proc.send_signal(signal.SIGTERM if first else signal.SIGKILL)
 
-    with _StopOnSignal(forward) as stop:
+    with StopSignals(STOP, forward) as stop:
         while (queue and stop.caught is None) or active:
             for i, env in enumerate(slots):
                 if i in active or not queue or stop.caught is not None:
@@ -425,7 +435,7 @@ def _run_slot_workers(store: SweepStore, queue: collections.deque, envs: list[di
         _settle(store, rid, code, max_retries, stop.caught is not None, prog, queue, summary)
 
     try:
-        with _StopOnSignal(forward) as stop:
+        with StopSignals(STOP, forward) as stop:
             while (queue and stop.caught is None) or any(s.run_id for s in slots.values()):
                 for i, env in enumerate(envs):
                     slot = slots.get(i)

@@ -76,3 +76,14 @@ class SweepProgress:
         else:  # retry / interrupted: its FLOPs are still to do
             self._credit(-credited)
         self.console.print(f"[{self.done_runs}/{self.total_runs}] {message}", highlight=False, markup=False)
+
+
+def duration(s: float | None) -> str:
+    """A time span as people plan with it: "45 s", "12.5 min", "3.2 h" ("-" when unknown)."""
+    if s is None:
+        return "-"
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"

@@ -34,7 +34,6 @@ SIGTERM (``scancel``, preemption without USR2) also checkpoints; the next submis
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -42,17 +41,21 @@ import shutil
 import signal
 import subprocess
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import submitit
 from pydantic import Field, field_validator
 
 from loopscale.config import StrictModel, validate
-from loopscale.errors import ConfigError
+from loopscale.errors import ConfigError, LoopscaleError
 from loopscale.io import append_jsonl
+from loopscale.signals import StopSignals
 from loopscale.sweep.execute import execute_run, runnable
-from loopscale.sweep.spec import RunSpec
+from loopscale.sweep.executor import Executor, SubmitFailed, SweepJob
 from loopscale.sweep.store import SweepStore
+
+if TYPE_CHECKING:
+    from loopscale.sweep.spec import RunSpec
 
 TIME_LADDER_MIN = (15, 30, 60, 120, 240, 480, 720, 1440, 2880, 4320, 10080)
 
@@ -208,33 +211,27 @@ class SweepTask(submitit.helpers.Checkpointable):
             os.environ.setdefault("LOCAL_WORLD_SIZE", str(env.num_tasks // max(env.num_nodes, 1)))
         store = SweepStore(self.sweep_dir)
         usr = env._usr_sig()
-        requeue = signal.getsignal(usr)  # submitit's checkpoint-and-requeue handler
-        caught: dict[str, Any] = {"sig": None, "sent": False}
-
-        def on_usr(signum: int, frame: Any) -> None:
-            caught["sig"] = signum
+        requeue = signal.getsignal(usr)  # submitit's checkpoint-and-requeue handler, back after the run
+        sent = False
 
         def on_step(step: int, total: int) -> None:
-            if caught["sig"] is not None and not caught["sent"]:
-                caught["sent"] = True
+            nonlocal sent
+            if warning.caught is not None and not sent:
+                sent = True
                 os.kill(os.getpid(), signal.SIGTERM)  # the trainer checkpoints after this step
 
-        signal.signal(usr, on_usr)
-        try:
-            while True:
-                outcome = execute_run(store, run_id, max_retries=self.max_retries, on_step=on_step,
-                                      executor="slurm", job_id=str(env.job_id))
-                if outcome != "retry":
-                    return outcome
-        except RunInterrupted as exc:
-            warned = caught["sig"] is not None or exc.signum == usr  # the trainer takes USR2 itself
-            if warned and callable(requeue) and env.global_rank == 0:
-                requeue(usr, None)  # calls self.checkpoint(run_id), requeues this task, exits
-            raise
-        finally:
-            with contextlib.suppress(ValueError):
-                signal.signal(usr, requeue)
-
+        with StopSignals((usr,)) as warning:  # a USR2 between runs (the trainer takes it itself inside one)
+            try:
+                while True:
+                    outcome = execute_run(store, run_id, max_retries=self.max_retries, on_step=on_step,
+                                          executor="slurm", job_id=str(env.job_id))
+                    if outcome != "retry":
+                        return outcome
+            except RunInterrupted as exc:
+                warned = warning.caught is not None or exc.signum == usr
+                if warned and callable(requeue) and env.global_rank == 0:
+                    requeue(usr, None)  # calls self.checkpoint(run_id), requeues this task, exits
+                raise
 
 def _alive_jobs(job_ids: list[str]) -> set[str] | None:
     """Job ids (array tasks as 123_4) that squeue still lists; None when squeue is not available."""
@@ -347,3 +344,45 @@ def submit(store: SweepStore, runs: list[RunSpec], flops: dict[str, float], s: S
             log(f"submitted {len(ids)} run(s) as array {str(jobs[0].job_id).split('_')[0]}: {key[0]} GPU(s), "
                 f"{key[1]} min, {key[2]:g} GB")
     return records
+
+
+class SlurmExecutor(Executor):
+    """``--executor slurm``: job arrays through submitit (``submit``); the spec's ``[slurm]`` table.
+
+    Flags: ``cluster`` (submitit's backend: slurm, or local and debug for tests) and ``resubmit_queued``.
+    """
+
+    name = "slurm"
+    Settings = SlurmSettings
+
+    def launch(self, job: SweepJob) -> None:
+        """Submit the runnable runs (a refusal is one line: SubmitFailed); with ``cluster = "debug"`` wait."""
+        s: SlurmSettings = self.settings(job.table, job.source)
+        cluster = job.option("cluster", "slurm")
+        try:
+            recs = submit(job.store, job.runs, job.flops, s, max_retries=job.max_retries, cluster=cluster,
+                          resubmit_queued=bool(job.option("resubmit_queued")),
+                          log=lambda m: job.console.print(m, highlight=False))
+        except LoopscaleError:
+            raise
+        except Exception as exc:  # sbatch refused, submitit failed: one line, the runs stay unsubmitted
+            raise SubmitFailed(f"slurm: submission failed ({type(exc).__name__}: {_first_lines(exc)}); runs "
+                               f"submitted before it are queued; fix the cause and rerun to submit the rest") from None
+        if not recs:
+            job.console.print("nothing to submit: every run is finished, running or queued", highlight=False)
+        if cluster == "debug":  # runs in this process, one after another
+            for rec in recs:
+                for j in rec["jobs"]:
+                    j.result()
+        job.console.print(f"follow with: loopscale sweep status {job.store.root}", highlight=False)
+
+    def plan_note(self, settings: Any, total_flops: float) -> str | None:
+        """The sweep's GPU-hours at the assumed FLOP/s per GPU."""
+        return (f"[bold]SLURM:[/] ~{total_flops / settings.flops_per_gpu / 3600:.0f} GPU-hours at "
+                f"{settings.flops_per_gpu:.3g} FLOP/s per GPU (\\[slurm] flops_per_gpu)")
+
+
+def _first_lines(exc: Exception, limit: int = 300) -> str:
+    """An exception's message (sbatch's stderr included) on one line, cut to ``limit`` characters."""
+    text = " ".join(str(exc).split()) or "no message"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

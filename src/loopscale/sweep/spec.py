@@ -36,6 +36,7 @@ from pydantic import Field
 
 from loopscale.config import ModelConfig, StrictModel, apply_overrides, load_mapping, validate
 from loopscale.errors import ConfigError
+from loopscale.sweep import executor
 from loopscale.train.config import TrainConfig, train_config_from_dict
 
 BASELINE = "baseline"
@@ -157,7 +158,7 @@ class SweepSpec:
     train: dict[str, Any]
     variant_widths: dict[str, dict[tuple[float, int], list[int]]] = field(default_factory=dict)  # own runs
     r1_model: dict[str, Any] = field(default_factory=dict)
-    executors: dict[str, dict[str, Any]] = field(default_factory=dict)  # [local], [slurm] tables
+    executors: dict[str, dict[str, Any]] = field(default_factory=dict)  # [local], [slurm], ... tables
     fit: FitTable = field(default_factory=FitTable)
     raw: dict[str, Any] = field(default_factory=dict)
     _runs: list[RunSpec] | None = field(default=None, repr=False)
@@ -250,9 +251,10 @@ def load_spec(spec: str | Path, overrides: list[str] | None = None) -> SweepSpec
 
 
 def spec_from_dict(data: dict[str, Any], *, source: str = "spec", base_dir: Path | None = None) -> SweepSpec:
-    unknown = sorted(set(data) - {"sweep", "train", "local", "slurm", "fit"})
+    known = ["sweep", "train", *executor.names(), "fit"]
+    unknown = sorted(set(data) - set(known))
     if unknown:
-        raise ConfigError(unknown[0], "unknown table; expected [sweep], [train], [local], [slurm], [fit]",
+        raise ConfigError(unknown[0], f"unknown table; expected {', '.join(f'[{t}]' for t in known)}",
                           source=source)
     if "sweep" not in data:
         raise ConfigError("sweep", "missing table [sweep] (name, budgets, r, widths)", source=source)
@@ -318,24 +320,14 @@ def spec_from_dict(data: dict[str, Any], *, source: str = "spec", base_dir: Path
             raise ConfigError("sweep.r", f"must divide the recurrent depth L_eff - n_prelude - n_coda = {rest}",
                               value=r, source=source)
 
-    from loopscale.sweep.local import LocalSettings
-
-    tables: list[tuple[str, Any]] = [("local", LocalSettings)]
-    try:
-        from loopscale.sweep.slurm import SlurmSettings
-
-        tables.append(("slurm", SlurmSettings))
-    except ImportError:  # submitit cannot be imported: local sweeps still work; --executor slurm says why
-        pass
-    for tab, cls in tables:  # typos fail at load, not at submit
-        validate(cls, data.get(tab) or {}, source=source, prefix=tab)
+    executor.check_tables(data, source)  # typos fail at load, not at submit
     raw = copy.deepcopy(data)
     spec = SweepSpec(
         name=table.name, source=source, budgets=list(table.budgets), r=list(table.r), seeds=list(table.seeds),
         seed_data=table.seed_data, max_retries=table.max_retries, checks=table.checks, widths=widths,
         width_unit=unit, width_rule=rule, variants=variants, train=train, variant_widths=variant_widths,
         r1_model=dict(table.r1_model),
-        executors={k: dict(data.get(k) or {}) for k in ("local", "slurm")}, raw=raw,
+        executors={k: dict(data.get(k) or {}) for k in executor.names()}, raw=raw,
         fit=validate(FitTable, data.get("fit") or {}, source=source, prefix="fit"),
     )
     spec.runs()  # build every config now: errors surface at load time, naming the run

@@ -29,6 +29,7 @@ from loopscale.errors import ConfigError, LoopscaleError
 from loopscale.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl
 from loopscale.model import LoopedLM
 from loopscale.optim import build_optimizers
+from loopscale.signals import STOP_OR_WARN, StopSignals, second_ctrl_c_stops_at_once
 from loopscale.train import checkpoint as ck
 from loopscale.train import rundir
 from loopscale.train.batches import TokenData, load_token_data
@@ -62,35 +63,6 @@ class TrainingFailed(LoopscaleError):
     """The run raised; result.json holds status 'failed' and the error (exit status 1: not a usage error)."""
 
     exit_code = 1
-
-
-class _Signals:
-    """Turn SIGTERM/SIGINT/SIGUSR2 into a flag checked between steps and between final-evaluation batches.
-
-    SLURM preemption sends SIGTERM; ``--signal=USR2@T`` (submitit's default) warns before the time limit.
-    """
-
-    def __init__(self) -> None:
-        self.caught: int | None = None
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> _Signals:
-        import threading
-
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR2", None)):
-                if sig is not None:
-                    self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.caught is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C stops at once
-        self.caught = signum
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
 
 
 def read_result(run_dir: Path) -> dict[str, Any] | None:
@@ -304,44 +276,205 @@ def _load_data(cfg: TrainConfig) -> TokenData:
     return data
 
 
+# ---- the pieces of a run (after torchtitan's train / train_step / forward_backward_step, its validator
+# and its checkpointer's should-save): each is small and tested alone; ``_train`` only strings them together.
+
+def should_log(done_steps: int, total_steps: int, log_every: int) -> bool:
+    """A metrics line after every ``log_every`` steps and after the last step."""
+    return done_steps % log_every == 0 or done_steps == total_steps
+
+
+def should_validate(done_steps: int, total_steps: int, eval_every: int | None) -> bool:
+    """A periodic validation every ``eval_every`` steps (0: none); never after the last step, which the
+    final evaluation (more tokens, with its standard error) scores instead."""
+    if not eval_every:
+        return False
+    return done_steps % eval_every == 0 and done_steps < total_steps
+
+
+def should_checkpoint(done_steps: int, total_steps: int, ckpt_every: int | None, *, stopping: bool = False) -> bool:
+    """Save ``ckpt.pt`` every ``ckpt_every`` steps (0: never periodically) and whenever a signal stops the run;
+    not after the last step, which ``_train`` saves before the final evaluation."""
+    if stopping:
+        return True
+    if not ckpt_every:
+        return False
+    return done_steps % ckpt_every == 0 and done_steps < total_steps
+
+
+def diverged(loss: float, limit: float) -> bool:
+    """A non-finite loss, or one above ``limit`` (twice a uniform guess's plus one): the run cannot recover."""
+    return not math.isfinite(loss) or loss > limit
+
+
+class Batching(NamedTuple):
+    """How a step's ``batch`` rows are split: ``per_rank`` rows per process, in ``n_micro`` micro-batches of
+    ``micro`` rows (gradient accumulation); ``val_micro`` rows per validation batch."""
+
+    batch: int
+    per_rank: int
+    micro: int
+    n_micro: int
+    val_micro: int
+    plan: memory.MicroBatches
+
+    @classmethod
+    def for_run(cls, cfg: TrainConfig, device: torch.device, world: int) -> Batching:
+        B = cfg.run.batch_size
+        if B % world:
+            raise ConfigError("run.batch_size", f"must be divisible by the {world} processes", value=B)
+        per_rank = B // world
+        mb = micro_batches(cfg, device, world)
+        micro, val_micro = mb.train or 1, mb.val or 1
+        if per_rank % micro:
+            raise ConfigError("run.micro_batch", f"must divide the {per_rank} rows per process", value=micro)
+        return cls(B, per_rank, micro, per_rank // micro, val_micro, mb)
+
+
+class Step(NamedTuple):
+    """What a training step needs besides its number: the model as trained (DDP and/or compiled), the plain
+    model's DDP wrapper (for ``no_sync``), the optimisers, the data and where and how to compute."""
+
+    train_model: Any
+    ddp: torch.nn.parallel.DistributedDataParallel | None
+    opt: Any
+    data: TokenData
+    batching: Batching
+    data_seed: int
+    device: torch.device
+    dtype: str
+    rank: int
+    world: int
+
+
+def forward_backward_step(s: Step, x: torch.Tensor, y: torch.Tensor, *, last: bool) -> torch.Tensor:
+    """One micro-batch: the loss (detached) after adding its share of the gradient. DDP all-reduces the
+    gradients only at the ``last`` micro-batch of a step (``no_sync`` before), once per step."""
+    sync = nullcontext() if (s.ddp is None or last) else s.ddp.no_sync()
+    with sync, autocast(s.device, s.dtype):
+        loss = s.train_model(x, y)
+    (loss / s.batching.n_micro).backward()
+    return loss.detach()
+
+
+def train_step(s: Step, step: int, total_steps: int) -> tuple[float, float]:
+    """Step ``step``: the learning rate, every micro-batch of this process's rows, the optimiser update.
+    Returns (the step's training loss averaged over micro-batches and processes, the learning-rate multiplier).
+
+    The rows of step ``step`` depend on the step number only, so a resumed run sees the same data.
+    """
+    b = s.batching
+    lr_mult = s.opt.set_lr_for_step(step, total_steps)
+    loss_sum = torch.zeros((), device=s.device)
+    for m_i in range(b.n_micro):
+        lo = s.rank * b.per_rank + m_i * b.micro
+        x, y = s.data.batch(step, b.batch, lo, lo + b.micro, seed=s.data_seed)
+        x, y = x.to(s.device, non_blocking=True), y.to(s.device, non_blocking=True)
+        loss_sum += forward_backward_step(s, x, y, last=m_i == b.n_micro - 1)
+    s.opt.step()
+    s.opt.zero_grad(set_to_none=True)
+    step_loss = loss_sum / b.n_micro
+    if s.world > 1:
+        torch.distributed.all_reduce(step_loss, op=torch.distributed.ReduceOp.AVG)
+    return float(step_loss), lr_mult
+
+
+class Validator:
+    """The run's validation: the same rows for the periodic ``loss`` and the ``final`` estimate, sharded across
+    processes; the final one can be stopped between batches by a signal."""
+
+    def __init__(self, model: torch.nn.Module, rows: torch.Tensor, *, micro_batch: int, device: torch.device,
+                 dtype: str, world: int = 1, rank: int = 0) -> None:
+        self.model, self.rows = model, rows
+        self._kw: dict[str, Any] = {"micro_batch": micro_batch, "device": device, "dtype": dtype,
+                                    "dist_world": world, "rank": rank}
+
+    @property
+    def tokens(self) -> int:
+        """Validation tokens (targets) per evaluation."""
+        return int(self.rows.size(0) * (self.rows.size(1) - 1))
+
+    def loss(self) -> float:
+        """The mean validation loss, for a metrics line during training."""
+        return evaluate_loss(self.model, self.rows, **self._kw)
+
+    def final(self, stop: Callable[[], bool], token_bytes: torch.Tensor | None) -> ValStats:
+        """The run's result: loss, standard error and bits per byte; raises ``_EvalStopped`` when ``stop``."""
+        return val_loss_stats(self.model, self.rows, stop=stop, token_bytes=token_bytes, **self._kw)
+
+
+class _Meter:
+    """Tokens per second since the last metrics line."""
+
+    def __init__(self) -> None:
+        self.t, self.tokens = time.time(), 0
+
+    def rate(self) -> float | None:
+        dt = time.time() - self.t
+        return self.tokens / dt if dt > 0 else None
+
+    def reset(self) -> None:
+        self.t, self.tokens = time.time(), 0
+
+
+def _step_record(done_steps: int, tokens_per_step: int, lr_mult: float, loss: float, meter: _Meter,
+                 f_token: float, peak: float | None, world: int, device: torch.device) -> dict[str, Any]:
+    """A metrics.jsonl line: progress, loss, throughput, model FLOPs utilisation and CUDA memory."""
+    rec: dict[str, Any] = {"step": done_steps, "tokens": done_steps * tokens_per_step, "lr_mult": lr_mult,
+                           "train_loss": loss, "tokens_per_s": meter.rate()}
+    rec["flops_per_s"] = (rec["tokens_per_s"] or 0) * f_token
+    if peak:
+        rec["mfu"] = rec["flops_per_s"] / (peak * world)
+    if device.type == "cuda":
+        rec["max_memory_allocated"] = torch.cuda.max_memory_allocated(device)
+    return rec
+
+
+def _model_and_optimizers(cfg: TrainConfig, device: torch.device) -> tuple[LoopedLM, Any]:
+    """The model, initialised from ``run.seed``, and its optimisers (learning rates for the run's length)."""
+    torch.manual_seed(cfg.run.seed)
+    model = LoopedLM(cfg.model).to(device)
+    opt = build_optimizers(model.param_groups(), cfg.optim, d_model=cfg.model.width,
+                           tokens_per_step=cfg.tokens_per_step, total_tokens=cfg.lr_tokens(), r=cfg.model.r)
+    model.fused_loss = cfg.run.fused_loss
+    return model, opt
+
+
+def _resume(run_dir: Path, model: torch.nn.Module, opt: Any, is_main: bool) -> tuple[int, float, float]:
+    """Load ``ckpt.pt`` if there is one: (the step to start at, wall seconds of earlier sessions, the last
+    training loss); metrics lines past the checkpoint are dropped (they will be redone)."""
+    state = ck.load_checkpoint(run_dir, is_main=is_main)
+    if state is None:
+        if is_main:
+            (run_dir / METRICS).unlink(missing_ok=True)
+        return 0, 0.0, float("nan")
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optim"])
+    torch.set_rng_state(state["torch_rng"])
+    start = int(state["step"])
+    extra = state.get("extra", {})
+    if is_main:
+        kept = [r for r in read_jsonl(run_dir / METRICS) if r.get("step", -1) <= start and not r.get("final")]
+        atomic_write_text(run_dir / METRICS, "".join(_jsonl(r) for r in kept))
+    # wall_s counts every session; the loss is the result's when only the evaluation is left
+    return start, float(extra.get("wall_s", 0.0)), float(extra.get("train_loss", math.nan))
+
+
 def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device: torch.device,
            threads: int, t_start: float, progress_opts: tuple[bool, int | None], on_step: Any,
            data: TokenData) -> dict[str, Any]:
+    """The loop: steps (``train_step``), metrics and validation, checkpoints and signals, then the final
+    evaluation and result.json (``_result``, ``_write_result``)."""
     run = cfg.run
     progress, progress_every = progress_opts
-    B = run.batch_size
-    if B % dist.world:
-        raise ConfigError("run.batch_size", f"must be divisible by the {dist.world} processes", value=B)
-    per_rank = B // dist.world
-    mb = micro_batches(cfg, device, dist.world)
-    micro, val_micro = mb.train or 1, mb.val or 1
-    if per_rank % micro:
-        raise ConfigError("run.micro_batch", f"must divide the {per_rank} rows per process", value=micro)
-    n_micro = per_rank // micro
-
+    batching = Batching.for_run(cfg, device, dist.world)
     val_rows = data.val_rows(run.val_tokens)
 
-    torch.manual_seed(run.seed)
-    model = LoopedLM(cfg.model).to(device)
     f_token = accounting.train_flops_per_token(cfg.model)
     tokens_per_step = cfg.tokens_per_step
-    opt = build_optimizers(model.param_groups(), cfg.optim, d_model=cfg.model.width,
-                           tokens_per_step=tokens_per_step, total_tokens=cfg.lr_tokens(), r=cfg.model.r)
-    start, last_loss = 0, float("nan")
-    state = ck.load_checkpoint(run_dir, is_main=dist.is_main)
-    if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optim"])
-        torch.set_rng_state(state["torch_rng"])
-        start = int(state["step"])
-        t_start -= float(state.get("extra", {}).get("wall_s", 0.0))  # wall_s counts every session
-        last_loss = float(state.get("extra", {}).get("train_loss", math.nan))  # when only the evaluation is left
-        if dist.is_main:  # drop log lines written after the checkpoint (they will be redone)
-            kept = [r for r in read_jsonl(run_dir / METRICS) if r.get("step", -1) <= start and not r.get("final")]
-            atomic_write_text(run_dir / METRICS, "".join(_jsonl(r) for r in kept))
-    elif dist.is_main:
-        (run_dir / METRICS).unlink(missing_ok=True)
-    model.fused_loss = run.fused_loss
+    model, opt = _model_and_optimizers(cfg, device)
+    start, wall_before, last_loss = _resume(run_dir, model, opt, dist.is_main)
+    t_start -= wall_before
     ddp = None
     if dist.world > 1:
         ddp = torch.nn.parallel.DistributedDataParallel(
@@ -353,70 +486,48 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     diverge_at = 2.0 * math.log(cfg.model.vocab_size) + 1.0
+    s = Step(train_model, ddp, opt, data, batching, cfg.data.seed, device, dtype, dist.rank, dist.world)
+    validator = Validator(model, val_rows, micro_batch=batching.val_micro, device=device, dtype=dtype,
+                          world=dist.world, rank=dist.rank)
 
     bar = _progress_bar(progress and dist.is_main, total_steps, start, run_dir.name, every=progress_every,
                         tokens_per_step=tokens_per_step)
     tracker = make_tracker(run.track if dist.is_main else "none", run_dir, cfg.as_toml_dict())
-    status, val_loss, val_se, val_bpb = "ok", float("nan"), float("nan"), None
-    t_log, tokens_since = time.time(), 0
-    with _Signals() as sig, bar:  # the signals also during the final evaluation
+    status, final = "ok", ValStats(float("nan"), float("nan"), None)
+    meter = _Meter()
+    done_steps = start
+
+    def save(step: int) -> None:
+        ck.save_checkpoint(run_dir, model=model, optimizers=opt, step=step,
+                           extra={"wall_s": time.time() - t_start, "train_loss": last_loss})
+
+    with StopSignals(STOP_OR_WARN, second_ctrl_c_stops_at_once) as sig, bar:  # also in the final evaluation
         model.train()
         for step in range(start, total_steps):
             if run.fail_at_step is not None and step == run.fail_at_step:
                 raise RuntimeError(f"injected failure at step {step} (run.fail_at_step)")
-            lr_mult = opt.set_lr_for_step(step, total_steps)
-            loss_sum = torch.zeros((), device=device)
-            for m_i in range(n_micro):
-                lo = dist.rank * per_rank + m_i * micro
-                x, y = data.batch(step, B, lo, lo + micro, seed=cfg.data.seed)
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                sync = nullcontext() if (ddp is None or m_i == n_micro - 1) else ddp.no_sync()
-                with sync, autocast(device, dtype):
-                    loss = train_model(x, y)
-                (loss / n_micro).backward()
-                loss_sum += loss.detach()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            step_loss = loss_sum / n_micro
-            if dist.world > 1:
-                torch.distributed.all_reduce(step_loss, op=torch.distributed.ReduceOp.AVG)
-            last_loss = float(step_loss)
-            tokens_since += tokens_per_step
+            last_loss, lr_mult = train_step(s, step, total_steps)
+            meter.tokens += tokens_per_step
             done_steps = step + 1
-            if not math.isfinite(last_loss) or last_loss > diverge_at:
+            if diverged(last_loss, diverge_at):
                 status = "diverged"
                 break
-            is_log = done_steps % run.log_every == 0 or done_steps == total_steps
-            is_eval = run.eval_every and done_steps % run.eval_every == 0 and done_steps < total_steps
-            if is_log or is_eval:
-                dt = time.time() - t_log
-                rec: dict[str, Any] = {"step": done_steps, "tokens": done_steps * tokens_per_step,
-                                       "lr_mult": lr_mult, "train_loss": last_loss,
-                                       "tokens_per_s": tokens_since / dt if dt > 0 else None}
-                rec["flops_per_s"] = (rec["tokens_per_s"] or 0) * f_token
-                if peak:
-                    rec["mfu"] = rec["flops_per_s"] / (peak * dist.world)
-                if device.type == "cuda":
-                    rec["max_memory_allocated"] = torch.cuda.max_memory_allocated(device)
+            is_eval = should_validate(done_steps, total_steps, run.eval_every)
+            if is_eval or should_log(done_steps, total_steps, run.log_every):
+                rec = _step_record(done_steps, tokens_per_step, lr_mult, last_loss, meter, f_token, peak,
+                                   dist.world, device)
                 if is_eval:
-                    rec["val_loss"] = evaluate_loss(model, val_rows, micro_batch=val_micro, device=device,
-                                                    dtype=dtype, dist_world=dist.world, rank=dist.rank)
+                    rec["val_loss"] = validator.loss()
                 if dist.is_main:
                     append_jsonl(run_dir / METRICS, rec)
                     tracker.log(rec)
-                t_log, tokens_since = time.time(), 0
+                meter.reset()
             bar.advance(last_loss)
             if on_step is not None:
                 on_step(done_steps, total_steps)
-            stop = sig.caught is not None
-            if dist.world > 1:
-                flag = torch.tensor(float(stop), device=device)
-                torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-                stop = bool(flag.item())
-            periodic = run.ckpt_every and done_steps % run.ckpt_every == 0 and done_steps < total_steps
-            if (periodic or stop) and dist.is_main:
-                ck.save_checkpoint(run_dir, model=model, optimizers=opt, step=done_steps,
-                                   extra={"wall_s": time.time() - t_start, "train_loss": last_loss})
+            stop = _any_rank(sig.caught is not None, device, dist.world)
+            if should_checkpoint(done_steps, total_steps, run.ckpt_every, stopping=stop) and dist.is_main:
+                save(done_steps)
             if stop:
                 if dist.world > 1:
                     torch.distributed.barrier()
@@ -428,66 +539,79 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
             # The final evaluation can take minutes (tens of millions of tokens): checkpoint first, so a
             # preemption during it costs only the evaluation. A run resumed with every step done comes here.
             if start < total_steps and dist.is_main:
-                ck.save_checkpoint(run_dir, model=model, optimizers=opt, step=total_steps,
-                                   extra={"wall_s": time.time() - t_start, "train_loss": last_loss})
-            bar.note(f"final evaluation on {val_rows.size(0) * (val_rows.size(1) - 1):,} validation tokens")
+                save(total_steps)
+            bar.note(f"final evaluation on {validator.tokens:,} validation tokens")
             try:
-                val_loss, val_se, val_bpb = val_loss_stats(model, val_rows, micro_batch=val_micro, device=device,
-                                                           dtype=dtype, dist_world=dist.world, rank=dist.rank,
-                                                           stop=lambda: sig.caught is not None,
-                                                           token_bytes=val_token_bytes(cfg, data))
+                final = validator.final(lambda: sig.caught is not None, val_token_bytes(cfg, data))
             except _EvalStopped:
                 raise RunInterrupted(f"{run_dir}: stopped by signal {sig.caught} during the final evaluation; "
                                      f"checkpoint at step {total_steps}/{total_steps} saved, rerun to evaluate",
                                      sig.caught) from None
-            if not math.isfinite(val_loss):
+            if not math.isfinite(final.loss):
                 status = "diverged"
             elif dist.is_main:  # the final validation reaches the tracker too, then it closes
-                tracker.log({"step": total_steps, "val_loss": val_loss, "val_loss_se": val_se, "val_bpb": val_bpb})
+                tracker.log({"step": total_steps, "val_loss": final.loss, "val_loss_se": final.se,
+                             "val_bpb": final.bpb})
         tracker.close()
-    steps_done = done_steps if total_steps > start else start
-    tokens = steps_done * tokens_per_step
-    wall = time.time() - t_start
-    result: dict[str, Any] = {
+    compiled = getattr(train_model, "mode", resolved_mode(run.compile, device))
+    result = _result(cfg, status, final, last_loss, done_steps, total_steps, validator.tokens, t_start, dtype,
+                     dist.world, device, data, threads, compiled, batching.plan)
+    if measured is not None:  # CUDA: what the allocator saw, beside the prediction (training, then validation)
+        result["measured_peak_bytes"] = measured
+        result["measured_val_peak_bytes"] = _measured_peak(device) if status == "ok" else None
+    if status == "diverged":
+        result["error"] = (f"loss {last_loss:.4g} at step {result['steps']} (non-finite or above "
+                           f"{diverge_at:.3g})")
+    if dist.is_main:
+        _write_result(run_dir, result, model, keep_checkpoint=cfg.run.keep_checkpoint)
+    if dist.world > 1:
+        torch.distributed.barrier()
+    return result
+
+
+def _write_result(run_dir: Path, result: dict[str, Any], model: torch.nn.Module, *, keep_checkpoint: bool) -> None:
+    """The run's end on disk: weights and the final metrics line (status ok), then result.json, which marks
+    the run finished, last; then the checkpoint goes (unless kept)."""
+    if result["status"] == "ok":
+        ck.save_weights(run_dir, model)
+        append_jsonl(run_dir / METRICS, {"step": result["steps"], "tokens": result["D"], "val_loss": result["val_loss"],
+                                         "val_bpb": result["val_bpb"], "final": True})
+    atomic_write_json(run_dir / RESULT, result)
+    if not keep_checkpoint:
+        (run_dir / ck.CKPT).unlink(missing_ok=True)
+
+
+def _result(cfg: TrainConfig, status: str, final: ValStats, last_loss: float, steps_done: int, total_steps: int,
+            val_tokens: int, t_start: float, dtype: str, world: int, device: torch.device, data: TokenData,
+            threads: int, compile_mode: Any, plan: memory.MicroBatches) -> dict[str, Any]:
+    """result.json's record (the runs table's columns): the final estimate, the tokens and FLOPs, the setup."""
+    f_token = accounting.train_flops_per_token(cfg.model)
+    tokens = steps_done * cfg.tokens_per_step
+    ok = status == "ok"
+    return {
         "status": status,
-        "val_loss": val_loss if status == "ok" else None,
-        "val_loss_se": val_se if status == "ok" and math.isfinite(val_se) else None,
-        "val_bpb": val_bpb if status == "ok" else None,
+        "val_loss": final.loss if ok else None,
+        "val_loss_se": final.se if ok and math.isfinite(final.se) else None,
+        "val_bpb": final.bpb if ok else None,
         "train_loss": last_loss,
         "steps": steps_done,
         "total_steps": total_steps,
         "D": tokens,
         "C": cfg.run.budget if cfg.run.budget else tokens * f_token,
         "flops": tokens * f_token,
-        "val_tokens": int(val_rows.size(0) * (val_rows.size(1) - 1)),
+        "val_tokens": val_tokens,
         **result_fields(cfg),
         "tokens_per_param": tokens / (accounting.N_unique(cfg.model)),
-        "wall_s": wall,
+        "wall_s": time.time() - t_start,
         "dtype": dtype,
-        "world_size": dist.world,
+        "world_size": world,
         "hardware": hardware_info(device),
         "versions": versions(),
         "data_fingerprint": data.fingerprint,
         "threads": threads,
-        "compile": getattr(train_model, "mode", resolved_mode(run.compile, device)),
-        **mb.record(),
+        "compile": compile_mode,
+        **plan.record(),
     }
-    if measured is not None:  # CUDA: what the allocator saw, beside the prediction (training, then validation)
-        result["measured_peak_bytes"] = measured
-        result["measured_val_peak_bytes"] = _measured_peak(device) if status == "ok" else None
-    if status == "diverged":
-        result["error"] = f"loss {last_loss:.4g} at step {steps_done} (non-finite or above {diverge_at:.3g})"
-    if dist.is_main:
-        if status == "ok":
-            ck.save_weights(run_dir, model)
-            append_jsonl(run_dir / METRICS, {"step": steps_done, "tokens": tokens, "val_loss": val_loss,
-                                             "val_bpb": val_bpb, "final": True})
-        atomic_write_json(run_dir / RESULT, result)
-        if not cfg.run.keep_checkpoint:
-            (run_dir / ck.CKPT).unlink(missing_ok=True)
-    if dist.world > 1:
-        torch.distributed.barrier()
-    return result
 
 
 def micro_batches(cfg: TrainConfig, device: torch.device, world: int = 1) -> memory.MicroBatches:

@@ -1,0 +1,116 @@
+"""The package's import graph: no circle among loopscale's modules, and nothing below the CLI imports it.
+
+Read with ``ast`` from the sources (no import runs). Every import counts, the ones inside functions too
+(a lazy import is still a dependency); only ``if TYPE_CHECKING:`` blocks, which never run, are left out.
+"""
+
+import ast
+from pathlib import Path
+
+import loopscale
+
+SRC = Path(loopscale.__file__).parent
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(SRC.rglob("*.py")):
+        parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return skip
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the loopscale modules it imports (``from pkg import name`` is ``pkg.name`` when a module)."""
+    mods = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        skip = _type_checking_only(tree)
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                graph[mod].update(a.name for a in node.names if a.name in mods)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                for alias in node.names:
+                    target = f"{base}.{alias.name}"
+                    if target in mods or base in mods:
+                        graph[mod].add(target if target in mods else base)
+        graph[mod].discard(mod)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_graph_sees_plain_relative_and_lazy_imports() -> None:
+    graph = import_graph()
+    assert len(graph) > 50
+    assert "loopscale.sweep.store" in graph["loopscale.sweep.execute"]  # top-level ``from x import name``
+    assert "loopscale.train.loop" in graph["loopscale.train"]  # inside a function
+    assert "loopscale.sweep.spec" not in graph["loopscale.sweep.local"]  # only under TYPE_CHECKING
+
+
+def test_no_module_of_loopscale_imports_itself_in_a_circle() -> None:
+    assert _cycles(import_graph()) == []
+
+
+def test_no_import_runs_up_into_the_cli() -> None:
+    graph = import_graph()
+    up = sorted(f"{mod} -> {target}" for mod, targets in graph.items() for target in targets
+                if (target == "loopscale.cli" or target.startswith("loopscale.cli."))
+                and not (mod == "loopscale.cli" or mod.startswith("loopscale.cli.") or mod == "loopscale.__main__"))
+    assert up == []
+
+
+def test_a_circle_or_an_upward_import_would_be_seen() -> None:
+    """The checks themselves: a made-up circle is found."""
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
