@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-FIGURES = ("isoflop", "frontier", "parity", "residuals", "phi", "equivalence", "allocation", "axes")
+FIGURES = ("isoflop", "frontier", "parity", "residuals", "phi", "equivalence", "allocation", "axes", "test_time")
 
 
 def _demo(out: Path) -> subprocess.Popen:
@@ -74,3 +74,36 @@ def test_quick_demo_resumes_after_sigkill_and_writes_a_checked_report(tmp_path: 
     assert "http://" not in html and "https://" not in html
     runs = (out / "runs.csv").read_text().splitlines()
     assert len(runs) == 21
+    # section 9 (test-time recurrence) is drawn: the top budget's looped baseline runs at r_eval 1-16
+    import pandas as pd
+
+    axes = pd.read_csv(out / "axes.csv")
+    tt = axes[axes["r_eval"] != axes["r"]]
+    assert set(tt["C"]) == {4e10} and set(tt["r"]) == {2, 4, 8} and set(tt["variant"]) == {"baseline"}
+    assert {(r, e) for r, e in zip(axes["r"], axes["r_eval"], strict=True) if r > 1 and e != r} == {
+        (r, e) for r in (2, 4, 8) for e in (1, 2, 4, 8, 16) if e != r}
+    section = html[html.index('id="fig-test_time"'):]
+    section = section[:section.index("</section>")]
+    assert "data:image/png;base64," in section and "not evaluated" not in section and 'id="tab-test-time"' in section
+    assert "test-time r" in err
+
+
+def test_the_demo_runs_test_time_r_on_the_reference_recipes_looped_runs_at_its_top_budget() -> None:
+    import pandas as pd
+
+    from loopscale.demo import _test_time_runs
+    from loopscale.eval.runs import RunRef
+
+    runs = pd.DataFrame({"variant": ["baseline"] * 4 + ["loop1", "tbptt"], "C": [2e10, 4e10, 4e10, 4e10, 8e10, 8e10],
+                         "r": [2, 1, 2, 8, 1, 4]})
+    pick = _test_time_runs(runs, "baseline")
+
+    def ref(variant: str, c: float | None, r: int) -> RunRef:
+        return RunRef(Path("x"), "x", variant, c, r)
+
+    assert pick(ref("baseline", 4e10, 2)) and pick(ref("baseline", 4.0000001e10, 8))
+    assert not pick(ref("baseline", 2e10, 2))  # a lower budget: the report's figure shows the top one
+    assert not pick(ref("baseline", 4e10, 1))  # r = 1: a plain stack, no loop to vary
+    assert not pick(ref("loop1", 8e10, 1)) and not pick(ref("tbptt", 8e10, 4))  # other recipes
+    assert not pick(ref("baseline", None, 2))
+    assert not _test_time_runs(runs, "missing")(ref("baseline", 4e10, 2))

@@ -103,6 +103,15 @@ def test_sweep_evaluation_picks_the_best_run_per_cell_and_writes_the_axes_table(
     assert list((sweep / "C3e12/d64" / "eval").glob("*.json"))  # per-run caches
 
 
+def test_extra_r_values_go_only_to_the_runs_picked(run_dir: Path, tmp_path: Path) -> None:
+    """`loopscale demo` runs test-time r on its top budget only (r_eval = 16 costs ~16/r times as much)."""
+    sweep = _fake_sweep(tmp_path / "sweep", run_dir)
+    out = evaluate_path(sweep, "dyck", r_values=[1, 3], r_values_where=lambda ref: ref.C == 3e12, limit=2)
+    got = {(row["run_id"], row["r_eval"]) for row in out["rows"]}
+    assert got == {("C1e12/d64_b", 2), ("C1e+12_r2_d64_tbptt_s0", 2), ("C3e12/d64", 1), ("C3e12/d64", 2),
+                   ("C3e12/d64", 3)}
+
+
 def test_cached_results_are_reused_on_a_second_run(run_dir: Path, tmp_path: Path, monkeypatch) -> None:
     import loopscale.eval.runs as runs
 

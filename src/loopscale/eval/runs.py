@@ -326,6 +326,7 @@ def write_tables(out_dir: str | Path, rows: list[dict[str, Any]], summary: list[
 
 
 def evaluate_path(path: str | Path, tasks: str | Sequence[str] = "world", *, r_values: Sequence[int] | None = None,
+                  r_values_where: Callable[[RunRef], bool] | None = None,
                   all_runs: bool = False, out_dir: str | Path | None = None, data_dir: str | Path | None = None,
                   shots: int | dict[str, int] | None = None, limit: int | None = None, batch_size: int = 32,
                   device: str = "auto", dtype: str = "auto", use_cache: bool = True,
@@ -333,6 +334,10 @@ def evaluate_path(path: str | Path, tasks: str | Sequence[str] = "world", *, r_v
                   on_run: Callable[[RunRef, int, int], None] | None = None,
                   log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Evaluate a run dir (or its model.safetensors) or every selected run of a sweep dir; write the tables.
+
+    ``r_values_where`` picks the runs that get the extra ``r_values`` (default: all): a run at r_eval = 16 costs
+    up to 16/r times its training-r evaluation, so a cheap test-time study (``loopscale demo``) evaluates
+    only the runs the report's test-time figure shows.
 
     Returns ``{"rows", "summary", "results", "notes", "runs", "axes_csv", "summary_csv"}`` where
     ``results[run_id]`` holds the run's ``EvalResult`` per r_eval.
@@ -351,7 +356,8 @@ def evaluate_path(path: str | Path, tasks: str | Sequence[str] = "world", *, r_v
     for i, ref in enumerate(refs):
         if on_run is not None:
             on_run(ref, i, len(refs))
-        results, run_notes = evaluate_run(ref, tasks, r_values=r_values, data_dir=data_dir, shots=shots,
+        extra = r_values if r_values_where is None or r_values_where(ref) else None
+        results, run_notes = evaluate_run(ref, tasks, r_values=extra, data_dir=data_dir, shots=shots,
                                           limit=limit, batch_size=batch_size, device=device, dtype=dtype,
                                           use_cache=use_cache, progress=progress, log=log)
         notes += [f"{ref.run_id}: {n}" for n in run_notes]

@@ -23,7 +23,10 @@ import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.gridspec import GridSpec
+from matplotlib.legend import Legend
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
@@ -51,6 +54,14 @@ def styled(fn: Callable[..., Figure]) -> Callable[..., Figure]:
 
 
 # ---- small helpers ----------------------------------------------------------------------------
+LEGEND_FILL = 0.97  # a shared legend may take this share of the figure's width (the rest: margins)
+
+
+def _strip_height(rows: int) -> float:
+    """Inches of the legend strip for ``rows`` rows of entries (0: no strip)."""
+    return 0.22 * rows + 0.1 if rows else 0.0
+
+
 @dataclass
 class Grid:
     """A figure of panels, with an optional strip below them for a shared legend.
@@ -63,13 +74,37 @@ class Grid:
     axs: list[Axes]
     panels: Any  # the (sub)figure holding the axes: supxlabel/supylabel go here
     strip: Any | None  # the subfigure for the legend, or None
+    gridspec: GridSpec | None = None  # panels above, strip below: the strip grows when the legend needs rows
+    rows: int = 0  # legend rows the strip has room for
 
-    def legend(self, handles: list[Any], ncols: int) -> None:
-        kw = {"handles": handles, "ncols": ncols, "columnspacing": 1.0, "handletextpad": 0.5}
-        if self.strip is not None:
-            self.strip.legend(loc="center", **kw)
-        else:
-            self.fig.legend(loc="outside lower center", **kw)
+    def legend(self, handles: list[Any], ncols: int) -> Legend:
+        """The shared legend, with at most ``ncols`` columns and as many as fit the figure's width.
+
+        A legend wider than the figure is cut off in the saved files (the iso-FLOP legend with 3 r values
+        did that), so columns are dropped until it fits and the strip grows by the rows that adds.
+        """
+        kw = {"handles": handles, "columnspacing": 1.0, "handletextpad": 0.5}
+        target, loc = (self.strip, "center") if self.strip is not None else (self.fig, "outside lower center")
+        renderer = _renderer(self.fig)
+        n = max(1, min(ncols, len(handles)))
+        while True:
+            leg = target.legend(loc=loc, ncols=n, **kw)
+            if n == 1 or leg.get_window_extent(renderer).width <= LEGEND_FILL * self.fig.bbox.width:
+                break
+            leg.remove()
+            n -= 1
+        self._grow_strip(math.ceil(len(handles) / n))
+        return leg
+
+    def _grow_strip(self, rows: int) -> None:
+        """Make the strip tall enough for ``rows`` legend rows; the panels keep their height."""
+        if self.strip is None or self.gridspec is None or rows <= self.rows:
+            return
+        w, h = self.fig.get_size_inches()
+        body = h - _strip_height(self.rows)
+        self.fig.set_size_inches(w, body + _strip_height(rows))
+        self.gridspec.set_height_ratios([body, _strip_height(rows)])
+        self.rows = rows
 
     def labels(self, x: str | None = None, y: str | None = None) -> None:
         if x:
@@ -78,20 +113,28 @@ class Grid:
             self.panels.supylabel(y, fontsize=9.5)
 
 
+def _renderer(fig: Figure) -> Any:
+    """An Agg renderer at the figure's dpi, to measure text before the figure is saved."""
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    return canvas.get_renderer()
+
+
 def _grid(n: int, ncols: int, panel_h: float, width: float = FULL_WIDTH, legend_rows: int = 0, **kw: Any) -> Grid:
     ncols = max(1, min(ncols, n))
     nrows = math.ceil(n / ncols)
     body = panel_h * nrows + 0.5
-    strip = 0.22 * legend_rows + 0.1 if legend_rows else 0.0
+    strip = _strip_height(legend_rows)
     fig = Figure(figsize=(width, body + strip), layout="constrained")
-    if legend_rows:
-        panels, bottom = fig.subfigures(2, 1, height_ratios=[body, strip])
+    gs = None
+    if legend_rows:  # as fig.subfigures(2, 1), keeping the grid so that the strip can grow
+        gs = GridSpec(2, 1, figure=fig, height_ratios=[body, strip], left=0, right=1, bottom=0, top=1)
+        panels, bottom = fig.add_subfigure(gs[0, 0]), fig.add_subfigure(gs[1, 0])
     else:
         panels, bottom = fig, None
     axs = panels.subplots(nrows, ncols, squeeze=False, **kw).ravel().tolist()
     for ax in axs[n:]:
         ax.set_visible(False)
-    return Grid(fig, axs[:n], panels, bottom)
+    return Grid(fig, axs[:n], panels, bottom, gs, legend_rows)
 
 
 def _log_axis(ax: Axes, which: str = "x", fmt: Callable[[float], str] | None = None) -> None:

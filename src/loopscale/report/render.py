@@ -97,7 +97,7 @@ CSS = """
 * { box-sizing: border-box; }
 body { margin: 0; color: var(--ink); background: #fff;
        font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", Arial, sans-serif; }
-main { max-width: 1060px; margin: 0 auto; padding: 24px 28px 60px; }
+main { max-width: 1060px; margin: 0 auto; padding: 24px 28px 60px; overflow-wrap: anywhere; }
 h1 { font-size: 26px; margin: 0 0 4px; }
 h2 { font-size: 20px; margin: 36px 0 8px; padding-top: 8px; border-top: 1px solid var(--line); }
 .sub { color: var(--muted); margin: 0 0 18px; }
@@ -110,7 +110,7 @@ h2 { font-size: 20px; margin: 36px 0 8px; padding-top: 8px; border-top: 1px soli
 .verdict.bad .label { color: var(--bad); }
 .verdict ul { margin: 6px 0 0 0; }
 .verdict p { margin: 6px 0 0; }
-.facts { display: grid; grid-template-columns: repeat(auto-fit, minmax(300px, 1fr)); gap: 6px 28px;
+.facts { display: grid; grid-template-columns: repeat(auto-fit, minmax(min(300px, 100%), 1fr)); gap: 6px 28px;
          margin: 10px 0; }
 .facts div { padding: 2px 0; border-bottom: 1px dotted var(--line); }
 .warnings { background: var(--warn-bg); border-left: 4px solid #e69f00; padding: 8px 14px; margin: 14px 0; }
@@ -123,7 +123,8 @@ figcaption, .note { color: var(--muted); font-size: 13px; }
 .how { margin: 4px 0 8px; }
 .missing { border: 2px dashed #999; border-radius: 8px; padding: 22px; color: #444; font-size: 17px;
            font-weight: 600; text-align: center; background: #f6f6f6; }
-table { border-collapse: collapse; margin: 12px 0 4px; font-size: 13.5px; font-variant-numeric: tabular-nums; }
+.scroll { max-width: 100%; overflow-x: auto; margin: 12px 0 4px; }
+table { border-collapse: collapse; font-size: 13.5px; font-variant-numeric: tabular-nums; overflow-wrap: normal; }
 caption { text-align: left; font-weight: 600; padding-bottom: 4px; }
 th, td { border-bottom: 1px solid var(--line); padding: 3px 10px; text-align: right; }
 th:first-child, td:first-child { text-align: left; white-space: nowrap; }
@@ -133,7 +134,11 @@ tr.bad td { color: var(--bad); }
 details { margin: 8px 0; }
 summary { cursor: pointer; color: var(--muted); }
 code { font-size: 13px; }
-@media print { main { max-width: none; padding: 0; } h2 { break-after: avoid; } figure, table { break-inside: avoid; }
+@media (max-width: 600px) { main { padding: 16px 12px 40px; } h1 { font-size: 22px; } h2 { font-size: 18px; }
+                            nav ol { columns: 1; padding-left: 22px; } th, td { padding: 3px 6px; white-space: nowrap; }
+                            th:first-child, td:first-child { white-space: normal; min-width: 9em; } }
+@media print { .scroll { overflow: visible; }
+               main { max-width: none; padding: 0; } h2 { break-after: avoid; } figure, table { break-inside: avoid; }
                details { display: block; } }
 """
 

@@ -38,9 +38,11 @@ class Table:
             attr = f' class="{cls}"' if cls else ""
             body.append(f"<tr{attr}>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>")
         note = f'<p class="note">{html.escape(self.note)}</p>' if self.note else ""
+        # the wrapper scrolls sideways on its own, so a wide table never makes the whole page scroll on a phone
         return (
+            f'<div class="scroll" role="region" aria-label="{html.escape(self.title)}" tabindex="0">'
             f'<table id="{self.id}"><caption>{html.escape(self.title)}</caption>'
-            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>{note}"
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>{note}"
         )
 
     def markdown(self) -> str:
