@@ -29,6 +29,7 @@ from loopscale.fit.fitfile import write_fit
 from loopscale.fit.paper import PAPER_COEFFICIENTS
 from loopscale.fit.structure import LoopTaxLaw
 from loopscale.fit.synthetic import synthetic_runs
+from loopscale.fit.verdict import phi_verdict, verdicts
 
 #: a fit file written by loopscale before the typed result existed (tests/fixtures/fit/fit_v1.json).
 OLD_FIT = Path(__file__).parent / "fixtures" / "fit" / "fit_v1.json"
@@ -152,8 +153,8 @@ def test_old_fit_file_loads_typed() -> None:
     lo, hi = base.bootstrap.ci_of("phi")  # type: ignore[misc]
     assert lo < base.phi < hi
     assert base.bootstrap.draws_of("phi").shape == (12,)
-    assert res.verdict("baseline").phi == base.phi
-    assert set(res.verdicts) == {"baseline", "wide"}
+    assert phi_verdict(res, "baseline").phi == base.phi
+    assert set(verdicts(res)) == {"baseline", "wide"}
     law, draws = law_from_fit(res)
     assert law.phi_ == base.phi and draws is not None and draws.shape[1] == formula.N_THETA
     # the typed path and the dict path read the same numbers
@@ -176,7 +177,7 @@ def test_phi_state_replaces_none_checks() -> None:
     doc["variants"]["wide"]["law"]["params"]["phi"] = None
     res = FitResult.of(doc)
     assert res.phi_state("wide") is PhiState.UNDETERMINED and res.variant("wide").phi is None
-    assert not res.verdict("wide").identified
+    assert not phi_verdict(res, "wide").identified
     doc["settings"]["fixed_phi"] = 0.5
     assert FitResult.of(doc).phi_state("baseline") is PhiState.FIXED
     law = JointLaw.from_params(**{**PAPER_COEFFICIENTS, "phi": None})

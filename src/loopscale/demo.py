@@ -146,11 +146,12 @@ def _headline(fit: dict[str, Any], runs: Any, ev: dict[str, Any], index: Path, w
     """The numbers the demo prints: phi [CI] and its verdict, R2 vs restricted fits, delta phi, gaps, axes."""
     from loopscale.data.config import AXES
     from loopscale.fit.result import FitResult
+    from loopscale.fit.verdict import verdicts
 
     res = FitResult.of(fit)
     ref = res.reference
     v = res.variant(ref)
-    verdict = res.verdicts[ref]
+    verdict = verdicts(res)[ref]
     # loss gap to r = 1 at matched compute, from the best run per (C, r) cell (parabola vertices of
     # unbracketed cells extrapolate wildly; the report shows both)
     best = runs.df[runs.df["status"].fillna("ok") == "ok"].groupby(["C", "r"])["val_loss"].min()
@@ -167,7 +168,7 @@ def _headline(fit: dict[str, Any], runs: Any, ev: dict[str, Any], index: Path, w
             if x is not None:
                 axes.setdefault(axis, {}).setdefault(int(row["r"]), []).append(float(x))
     others = {}
-    for name, o in res.verdicts.items():
+    for name, o in verdicts(res).items():
         if name != ref:
             others[name] = {"phi": o.phi, "phi_ci": list(o.ci) if o.ci else None, "identified": o.identified,
                             "verdict": o.label, "reasons": o.reasons, "caveats": o.caveats}

@@ -194,9 +194,9 @@ def _reference(compare: str | None) -> Any:
 
 
 def _verdicts(result: Any) -> dict[str, Any]:
-    from loopscale.fit.result import FitResult
+    from loopscale.fit.verdict import verdicts
 
-    return FitResult.of(result).verdicts
+    return verdicts(result)
 
 
 def _phi_line(v: Any) -> str:
@@ -233,6 +233,7 @@ def _summary(result: dict[str, Any]) -> dict[str, Any]:
     from loopscale.fit.fitfile import _clean
     from loopscale.fit.formula import COEFFICIENTS
     from loopscale.fit.result import FitResult
+    from loopscale.fit.verdict import phi_verdict
 
     res = FitResult.of(result)
     out: dict[str, Any] = {"source": res.source["path"], "variants": {}, "delta_phi": []}
@@ -249,7 +250,7 @@ def _summary(result: dict[str, Any]) -> dict[str, Any]:
                          **{k: x.get("held_out") for k, x in v.restricted.items()}},
             "converged": v.law.converged,
             "at_bounds": v.law.at_bounds,
-            "verdict": res.verdicts[name].as_dict(),
+            "verdict": phi_verdict(res, name).as_dict(),
             "law_variants": {k: {key: x.get(key) for key in ("phi", "kappa", "r2", "rmse", "held_out")}
                              for k, x in v.law_variants.items()},
         }
@@ -403,6 +404,7 @@ def plan(
         fitted_rs, tps = list(grids.PAPER_R), grids.PAPER_TOKENS_PER_STEP
     else:
         from loopscale.fit.fitfile import load_fit
+        from loopscale.fit.verdict import phi_verdict
 
         doc = load_fit(fit_file)  # type: ignore[arg-type]
         law, draws = law_from_fit(doc, variant)
@@ -410,7 +412,7 @@ def plan(
         name = variant or doc.reference
         fitted_rs = [int(x) for x in doc.variant(name).rs or grids.PAPER_R]
         tps = doc.tokens_per_step or grids.PAPER_TOKENS_PER_STEP
-        verdict = doc.verdict(name)
+        verdict = phi_verdict(doc, name)
     outside = sorted(x for x in set(r) if not min(fitted_rs) <= x <= max(fitted_rs))
     if outside:
         raise ConfigError("--r", f"outside the range of r the law was fitted on ({min(fitted_rs)}-{max(fitted_rs)}: "

@@ -15,11 +15,8 @@ from typing import Any
 import numpy as np
 
 from loopscale.errors import ConfigError
+from loopscale.fit.result import FORMAT, VERSION, FitResult
 from loopscale.io import atomic_write_text
-
-FORMAT = "loopscale.fit"
-#: the fit file's format version (``result.FitResult.version``); a reader accepts exactly this one.
-VERSION = 1
 
 
 def _clean(obj: Any) -> Any:
@@ -83,8 +80,6 @@ def read_fit(path: str | Path) -> dict[str, Any]:
 def load_fit(path: str | Path) -> Any:
     """Read a fit file as a typed ``result.FitResult`` (``read_fit``'s checks, then the types')."""
     from pydantic import ValidationError
-
-    from loopscale.fit.result import FitResult
 
     try:
         return FitResult.of(read_fit(path))

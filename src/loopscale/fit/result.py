@@ -4,7 +4,8 @@ Why: the fit file's nested dict was read by string keys in eight modules, and "p
 ``None`` tested in each of them. :class:`FitResult` names the parts every reader uses (the law's
 coefficients, the bootstrap's CIs and draws, the settings the verdict needs) and keeps every other key
 as it is (``extra="allow"``), so ``FitResult.of(doc).to_dict()`` is the same document and old fit files
-load unchanged. The verdict (``fit.verdict.phi_verdict``) is data on it: :meth:`FitResult.verdict`.
+load unchanged. The verdict is data computed from it: ``fit.verdict.phi_verdict(res, name)`` and
+``fit.verdict.verdicts(res)`` (verdict builds on this module, not the reverse).
 
 Serialised by ``fitfile.write_fit`` to the same JSON as before (``format`` and ``version`` first).
 """
@@ -12,16 +13,16 @@ Serialised by ``fitfile.write_fit`` to the same JSON as before (``format`` and `
 from __future__ import annotations
 
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from loopscale.fit.fitfile import FORMAT, VERSION
 from loopscale.fit.formula import COEFFICIENTS, PhiState
 
-if TYPE_CHECKING:
-    from loopscale.fit.verdict import Verdict
+FORMAT = "loopscale.fit"
+#: the fit file's format version (``FitResult.version``); a reader accepts exactly this one.
+VERSION = 1
 
 
 
@@ -209,14 +210,3 @@ class FitResult(_Record):
         """The CIs' level (the settings', else 0.95)."""
         return float(self.settings.get("ci_level") or 0.95)
 
-    # -- the verdict, as data --
-    def verdict(self, name: str | None = None) -> Verdict:
-        """Is phi of ``name`` (default: the reference) identified, and why not (``fit.verdict``)."""
-        from loopscale.fit.verdict import phi_verdict
-
-        return phi_verdict(self, name)
-
-    @cached_property
-    def verdicts(self) -> dict[str, Verdict]:
-        """Every variant's verdict, by name."""
-        return {name: self.verdict(name) for name in self.variants}

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from loopscale.fit.result import FitResult
 from loopscale.numbers import phi as phi_txt
 from loopscale.numbers import phi_ci
 
@@ -163,8 +164,6 @@ def phi_verdict(fit: Any, variant: str | None = None) -> Verdict:
     """Decide whether phi of ``variant`` (default: the reference) is identified, and say why not.
 
     ``fit`` is a ``result.FitResult`` or a fit dict (of ``fit_runs``, or a fit file)."""
-    from loopscale.fit.result import FitResult
-
     res = FitResult.of(fit)
     name = variant or res.reference
     rec = res.variant(name)
@@ -250,3 +249,9 @@ def range_caveats(phi: float, ci: tuple[float, float] | None) -> list[str]:
             if ci[0] <= value <= ci[1]:
                 out.append(f"the CI includes φ = {value:g} ({meaning})")
     return out
+
+
+def verdicts(fit: Any) -> dict[str, Verdict]:
+    """Every variant's verdict, by name (``fit``: a ``FitResult`` or a fit dict)."""
+    res = FitResult.of(fit)
+    return {name: phi_verdict(res, name) for name in res.variants}

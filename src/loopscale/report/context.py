@@ -19,6 +19,7 @@ from loopscale.fit import JointLaw, law_from_fit
 from loopscale.fit.optima import empirical_optima, template_config, valid_rs
 from loopscale.fit.result import FitResult, VariantFit
 from loopscale.fit.table import budget_values
+from loopscale.fit.verdict import verdicts as all_verdicts
 from loopscale.report.honesty import Verdict
 from loopscale.report.inputs import ReportInputs
 from loopscale.report.style import Palette
@@ -93,7 +94,7 @@ class ReportContext:
         if empirical.empty and "C" in df.columns:
             empirical = empirical_optima(df)
         frontier = pd.DataFrame(opt.get("frontier") or [])
-        verdicts = result.verdicts
+        verdicts = all_verdicts(result)
         axes_rs = inputs.axes["r"].tolist() + inputs.axes["r_eval"].tolist() if inputs.axes is not None else []
         palette = Palette.for_rs(rs, inputs.runs.df["r"], axes_rs)
         return cls(
