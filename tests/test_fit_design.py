@@ -70,3 +70,13 @@ def test_cli_design_on_a_preset(capsys):
     assert run_app(args) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["result"]["n_runs"] == 16 and doc["result"]["sims"] == 2 and doc["prior_law"]["phi"] == 0.459
+
+
+def test_cli_design_prints_styles_not_their_tags(capsys):
+    """The console has markup off by default; a styled line that forgets markup=True prints '[bold]'."""
+    args = ["design", "quick", "--sims", "2", "--bootstrap", "4", "--restarts", "20", "--workers", "1",
+            "--search-sims", "2", "--target-width", "5"]
+    assert run_app(args) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("quick: 16 runs")
+    assert "[bold]" not in out and "[/]" not in out and "\\[" not in out

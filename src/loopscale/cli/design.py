@@ -168,7 +168,7 @@ def _print(sp: Any, grid: Any, res: Any, rows: list[Any], best: Any, target: flo
         f"[bold]{escape(sp.source)}[/]: {res.n_runs} runs in {res.n_cells} (C, r) cells, {n_seeds} seed(s), "
         f"{res.cost_flops:.3g} FLOPs; prior {escape(prior_src)} (φ = {phi(law['phi'])}); noise: run sd "
         f"{res.noise.run_sd:.4f}, cell sd {res.noise.cell_sd:.4f} nats ({escape(res.noise.source)})",
-        highlight=False, soft_wrap=True)
+        highlight=False, soft_wrap=True, markup=True)
     t = Table(title=f"φ over {res.sims} simulated studies (the real fitter: {st.restarts} starts, "
               f"{st.bootstrap} cell resamples each)", box=box.SIMPLE_HEAVY)
     t.add_column("quantity")
@@ -211,7 +211,7 @@ def _print(sp: Any, grid: Any, res: Any, rows: list[Any], best: Any, target: flo
         else:
             console.print(f"cheapest grid with a φ width ≤ {target:g}: [bold]{escape(best.name)}[/] "
                           f"({best.n_runs} runs, {best.cost_flops:.3g} FLOPs, width {best.sampling_width:.3f})",
-                          highlight=False)
+                          highlight=False, markup=True)
     n_search = sum(r.n_runs for r in rows) * search_sims
     console.print(f"design: {wall:.1f} s ({res.sims} simulated studies of {res.n_runs} runs"
                   + (f", {count(n_search)} simulated runs in the search" if rows else "") + ")", highlight=False)
