@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,6 +48,7 @@ def test_quick_demo_resumes_after_sigkill_and_writes_a_checked_report(tmp_path: 
     assert "phi" in head and head["verdict"] and set(head["restricted"]) == {"phi=0", "phi=1"}
     assert set(head["variants"]) == {"baseline@loop1"} and head["variants"]["baseline@loop1"]["verdict"]
     assert "baseline@loop1:" in err
+    assert re.search(r"baseline@loop1: phi = \S+ \[\S+, \S+\] - ", err)  # the verdict follows " - "
     assert set(head["axes"]) == {"knowledge", "reading", "math", "reasoning", "symbolic"}
     assert "phi" in err and "report:" in err and "(20 runs)" in " ".join(err.split())  # rich wraps lines
     plain = head["plain"]  # the plain-words headline: first in the terminal, summary.md and the page

@@ -204,7 +204,7 @@ def _print_headline(con: Console, h: dict[str, Any], axes: Any = None) -> None:
                                                              if v is not None), highlight=False, markup=False)
     for name, o in (h.get("variants") or {}).items():
         est = "" if o.get("phi") is None else f"phi = {phi_ci(o['phi'], o.get('phi_ci'))}"
-        line = f"  {name}: {est}" + (" - " if est and not o["identified"] else "")
+        line = f"  {name}: {est}" + (" - " if est else "")
         line += "identified" if o["identified"] else o["verdict"]
         con.print(line + (f" ({'; '.join(o['reasons'])})" if o.get("reasons") else ""), highlight=False,
                   markup=False)
