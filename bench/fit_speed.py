@@ -18,8 +18,6 @@ algorithms, not about OpenBLAS thread contention.
 from __future__ import annotations
 
 import os
-import platform
-import subprocess
 import time
 
 import numpy as np
@@ -37,17 +35,9 @@ from loopscale.fit import (
 )
 from loopscale.fit._threads import single_thread_blas
 from loopscale.fit.analysis import bootstrap_cells
+from startup import hardware
 
 REF_STARTS = 40
-
-
-def hardware() -> str:
-    try:
-        lines = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines()
-        keep = [ln for ln in lines if ln.split(":")[0] in ("Model name", "CPU(s)", "Thread(s) per core")]
-    except (OSError, subprocess.CalledProcessError):
-        keep = [platform.processor()]
-    return "; ".join(" ".join(ln.split()) for ln in keep) + f"; os.cpu_count={os.cpu_count()}"
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ TINY_FIT = ["--bootstrap", "0", "--restarts", "1", "--no-checks", "--no-per-r", 
 
 
 def hardware() -> str:
-    """As bench/fit_speed.py prints it (not imported from there: that would load numpy and scipy here)."""
+    """CPU model, cores and threads per core (bench/fit_speed.py prints this line too); stdlib only."""
     try:
         lines = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines()
         keep = [ln for ln in lines if ln.split(":")[0] in ("Model name", "CPU(s)", "Thread(s) per core")]
