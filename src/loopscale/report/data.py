@@ -21,11 +21,8 @@ def equivalence_ratios(ctx: ReportContext) -> pd.DataFrame:
     """Per r: N_eq/N and N_cost/N (median over the sweep's models) with the CI of N_eq/N from phi's draws."""
     rows = []
     phi = ctx.law.phi_
-    draws = None
-    boot = (ctx.record.get("bootstrap") or {}).get("draws") or {}
-    if boot.get("phi"):
-        draws = np.array([np.nan if x is None else x for x in boot["phi"]], dtype=float)
-        draws = draws[np.isfinite(draws)]
+    draws = ctx.variant_fit.bootstrap.draws_of("phi")
+    draws = draws[np.isfinite(draws)] if draws.size else None
     for r in ctx.rs:
         g = ctx.df[ctx.df["r"] == r]
         f_once = float(np.median(g["N_once"] / g["N"]))

@@ -412,7 +412,7 @@ def fig_parity(ctx: ReportContext) -> Figure:
     hi = float(max(df["val_loss"].max(), df["pred"].max()))
     pad = 0.04 * (hi - lo or 1.0)
     ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="#777777", linewidth=0.9, linestyle="--", zorder=1)
-    rmse = ctx.record["metrics"].get("rmse_per_r") or {}
+    rmse = ctx.variant_fit.metrics.rmse_per_r
     for r in ctx.rs:
         g = df[df["r"] == r]
         lab = r_label(r) + (f"  (RMSE {rmse[str(r)]:.3f})" if rmse.get(str(r)) is not None else "")
@@ -422,11 +422,11 @@ def fig_parity(ctx: ReportContext) -> Figure:
     ax.set_aspect("equal")
     ax.set_xlabel("predicted " + style.LOSS)
     ax.set_ylabel("observed " + style.LOSS)
-    m = ctx.record["metrics"]
+    m = ctx.variant_fit.metrics
     ax.text(
         0.04,
         0.96,
-        f"R² = {m['r2']:.4f} (raw nats)\nRMSE = {m['rmse']:.4f} nats\n{m['n_runs']} runs",
+        f"R² = {m.r2:.4f} (raw nats)\nRMSE = {m.rmse:.4f} nats\n{m.n_runs} runs",
         transform=ax.transAxes,
         va="top",
         ha="left",

@@ -146,23 +146,24 @@ code { font-size: 13px; }
 # ---- the headline ----------------------------------------------------------------------------------
 def headline(ctx: ReportContext) -> dict[str, Any]:
     """Everything the top of the page (and of summary.md) says, as text."""
-    v, rec = ctx.verdict, ctx.record
-    p = rec["law"]["params"]
-    cis = (rec.get("bootstrap") or {}).get("ci") or {}
+    v = ctx.verdict
+    p = ctx.variant_fit.params.as_dict()
+    cis = ctx.variant_fit.bootstrap.ci
     facts = []
     if not v.identified and v.phi is not None:
         facts.append(f"point estimate φ̂ = {phi_ci(v.phi, v.ci)} — shown for the record, not as a finding")
     for key, name in (("alpha", "α"), ("beta", "β"), ("E", "E"), ("A", "A"), ("B", "B")):
         ci = interval(cis.get(key))
         facts.append(f"{name} = {num(p[key])}" + ("" if ci == MISSING else f" {ci}"))
-    m = rec["metrics"]
-    facts.append(f"R² = {m['r2']:.4f} (raw nats), RMSE {m['rmse']:.4f} nats/token, {m['n_runs']} runs")
-    restricted = rec.get("restricted") or {}
+    vf = ctx.variant_fit
+    m = vf.metrics
+    facts.append(f"R² = {m.r2:.4f} (raw nats), RMSE {m.rmse:.4f} nats/token, {m.n_runs} runs")
+    restricted = vf.restricted
     if restricted:
         facts.append(
             "restricted fits: "
             + ", ".join(f"{k.replace('phi', 'φ')} R² = {x['r2']:.4f}" for k, x in restricted.items())
-            + f" (free: {m['r2']:.4f})"
+            + f" (free: {m.r2:.4f})"
         )
     gaps = []
     fr = ctx.frontier
@@ -180,7 +181,7 @@ def headline(ctx: ReportContext) -> dict[str, Any]:
                 emp_gaps.append(f"r = {r}: {e['gap_to_r1'].min():+.3f} to {e['gap_to_r1'].max():+.3f}")
     dphi = [delta_phi_reading(d) + f" ({d['variant']} − {d['reference']})" for d in ctx.fit.get("delta_phi") or []]
     warnings = list(dict.fromkeys([*ctx.notes, *v.caveats, *(ctx.fit.get("warnings") or [])]))
-    hs = (rec.get("checks") or {}).get("half_split") or {}
+    hs = (vf.checks or {}).get("half_split") or {}
     if hs.get("phi_difference") is not None and v.identified and abs(hs["phi_difference"]) > 0.2:
         warnings.append(
             f"φ moves by {hs['phi_difference']:+.2f} between the lower and upper half of the budgets: "

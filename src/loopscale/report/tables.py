@@ -60,7 +60,7 @@ class Table:
 # ---- the tables --------------------------------------------------------------------------------
 def coefficients_table(ctx: ReportContext) -> Table:
     rec, v = ctx.record, ctx.verdict
-    p = rec["law"]["params"]
+    p = ctx.variant_fit.params.as_dict()
     cis = ctx.variant_fit.bootstrap.ci
     level = f"{v.ci_level:.0%} CI"
     rows, classes = [], []
@@ -96,11 +96,12 @@ def coefficients_table(ctx: ReportContext) -> Table:
         cp = cf["params"]
         rows.append([f"Chinchilla fit r = {r} alone: R²", num(cf["r2"]), f"α {cp['alpha']:.3f}, β {cp['beta']:.3f}"])
     classes += [""] * (len(rows) - len(classes))
-    law = rec["law"]
+    vf = ctx.variant_fit
+    n_near = 1 if vf.law.n_near_optimal is None else vf.law.n_near_optimal
     note = (
-        f"{ctx.variant}: {rec['n_runs']} runs, r = {', '.join(map(str, rec['rs']))}; "
-        f"converged: {'yes' if law.get('converged') else 'NO'}; "
-        f"{law.get('n_near_optimal', 1)} near-optimal minim{'um' if law.get('n_near_optimal', 1) == 1 else 'a'}"
+        f"{ctx.variant}: {vf.n_runs} runs, r = {', '.join(map(str, vf.rs))}; "
+        f"converged: {'yes' if vf.law.converged else 'NO'}; "
+        f"{n_near} near-optimal minim{'um' if n_near == 1 else 'a'}"
     )
     return Table(
         "tab-coefficients",
@@ -153,7 +154,7 @@ def loss_gap_table(ctx: ReportContext) -> Table | None:
     """Gap to r = 1 at matched compute per r: law-based (range over budgets, with CIs) and empirical."""
     if 1 not in ctx.rs or len(ctx.rs) < 2:
         return None
-    cis = (ctx.record.get("bootstrap") or {}).get("ci") or {}
+    cis = ctx.variant_fit.bootstrap.ci
     rows = []
     fr, emp = ctx.frontier, ctx.optima
     for r in ctx.rs:
@@ -237,7 +238,7 @@ def allocation_table(ctx: ReportContext) -> Table | None:
     fr, emp = ctx.frontier, ctx.optima
     if fr.empty and emp.empty:
         return None
-    cis = (ctx.record.get("bootstrap") or {}).get("ci") or {}
+    cis = ctx.variant_fit.bootstrap.ci
     e_idx = {(float(row["C"]), int(row["r"])): row for _, row in emp.iterrows()} if not emp.empty else {}
     f_idx = {(float(row["C"]), int(row["r"])): row for _, row in fr.iterrows()} if not fr.empty else {}
     keys = sorted(set(f_idx) | set(e_idx))
