@@ -271,7 +271,6 @@ def _print_fit(result: dict[str, Any], markdown: bool) -> None:
     res = FitResult.of(result)
     level = f"{100 * result['settings']['ci_level']:.0f}% CI"
     for name, rec in res.variants.items():
-        v = result["variants"][name]
         p, cis = rec.params, rec.bootstrap.ci
         t = Table(title=f"joint law - {name} ({rec.n_runs} runs, r = {', '.join(map(str, rec.rs))})", box=style)
         t.add_column("quantity")
@@ -298,19 +297,19 @@ def _print_fit(result: dict[str, Any], markdown: bool) -> None:
             if ho:
                 t.add_row(f"held-out RMSE {label}", num(ho["extrapolation_rmse"]),
                           f"top budget; leave-one-r-out {num(ho['leave_one_r_out_rmse'])}")
-        for r, cf in v["per_r"].items():
+        for r, cf in rec.per_r.items():
             t.add_row(
                 f"R^2 Chinchilla r={r}",
                 num(cf["r2"]),
                 f"alpha {cf['params']['alpha']:.3f}, beta {cf['params']['beta']:.3f}",
             )
-        law = v["law"]
+        n_near = rec.law.n_near_optimal
         t.add_row(
             "converged",
-            "yes" if law["converged"] else "NO",
-            f"{law['n_near_optimal']} near-optimal minim{'um' if law['n_near_optimal'] == 1 else 'a'}",
+            "yes" if rec.law.converged else "NO",
+            f"{n_near} near-optimal minim{'um' if n_near == 1 else 'a'}",
         )
-        checks = v.get("checks") or {}
+        checks = rec.checks or {}
         hs = checks.get("half_split")
         if hs and hs["lower"]["phi"] is not None and hs["upper"]["phi"] is not None:
             t.add_row("phi lower / upper budgets", f"{phi_txt(hs['lower']['phi'])} / {phi_txt(hs['upper']['phi'])}", "")
@@ -336,13 +335,16 @@ def _print_fit(result: dict[str, Any], markdown: bool) -> None:
 
 def _print_frontier(result: dict[str, Any], style: box.Box, level: str) -> None:
     """Compute-optimal frontier of the reference variant: law-based, with the empirical gap beside it."""
-    v = result["variants"][result["reference_variant"]]
-    rows = v["optima"].get("frontier") or []
+    from loopscale.fit.result import FitResult
+
+    res = FitResult.of(result)
+    v = res.variant()
+    rows = v.optima.get("frontier") or []
     if not rows:
         return
-    cis = v["bootstrap"].get("ci", {})
-    emp = {(e["C"], e["r"]): e for e in v["optima"].get("empirical", [])}
-    t = Table(title=f"compute-optimal frontier (law) - {result['reference_variant']}", box=style)
+    cis = v.bootstrap.ci
+    emp = {(e["C"], e["r"]): e for e in v.optima.get("empirical", [])}
+    t = Table(title=f"compute-optimal frontier (law) - {res.reference}", box=style)
     for c in ("C", "r", "d*", "N*", "D*", "D/N", "L*", "gap to r=1", level, "empirical gap"):
         t.add_column(c, justify="right")
     for row in rows:
