@@ -14,7 +14,7 @@ def demo(
     out: Path = typer.Option(Path("demo"), "--out", "-o", help="Output dir (sweep, runs.csv, fit.json, report/)."),
     quick: bool = typer.Option(False, "--quick", help="20 tiny runs, ~2 min: for CI and first contact."),
     preset: str = typer.Option("demo", "--preset",
-                               help="demo (~11 min on 2 cores), study (~2 h 10 min) or quick (= --quick)."),
+                               help="demo (~11 min on 2 cores), study (~80 min) or quick (= --quick)."),
     bootstrap: int | None = typer.Option(None, help="Bootstrap resamples (default 200)."),
     slots: int | None = typer.Option(None, "--slots", min=1, help="Runs trained at once (default: one per core)."),
     no_progress: bool = typer.Option(False, "--no-progress"),
