@@ -103,3 +103,12 @@ def test_an_executor_whose_module_cannot_be_imported_fails_only_when_asked_for(m
     spec = one_run_spec()
     spec["gone"] = {"anything": 1}  # not checked: it cannot be
     assert spec_from_dict(spec, source="spec.toml").executors["gone"] == {"anything": 1}
+
+
+def test_an_unknown_executor_fails_before_the_sweep_dir_is_made(tmp_path: Path, capsys) -> None:
+    from loopscale.cli.app import run_app
+
+    out = tmp_path / "sweep"
+    assert run_app(["sweep", "run", "quick", "--executor", "k8s", "--out", str(out)]) == 2
+    assert "expected local or slurm" in capsys.readouterr().err
+    assert not out.exists()

@@ -151,9 +151,11 @@ def run(
                                          "when squeue cannot confirm their job is gone."),
 ) -> None:
     """Run (or resume) the sweep: finished runs are skipped, interrupted ones resume, failed ones are retried."""
+    from loopscale.sweep import executor as executors
     from loopscale.sweep import load_spec, prepare
     from loopscale.train.batches import check_allowed
 
+    chosen = executors.get(executor)  # a typo fails before the sweep dir exists
     spec = load_spec(spec_arg, set_)
     runs = spec.runs(variant or None)
     for rs in runs:  # refused data (the paper preset without data) fails here, before any job starts
@@ -166,7 +168,6 @@ def run(
             if st.status == "failed":
                 store.reset_failures(rs.run_id)
     err_console.print(f"sweep {spec.name}: {len(runs)} runs in {store.root}", highlight=False)
-    from loopscale.sweep import executor as executors
     from loopscale.sweep import plan_row
 
     gpu_ids = [int(g) for g in gpus.split(",") if g.strip()] if gpus is not None else None
@@ -176,7 +177,7 @@ def run(
                              flops={rs.run_id: plan_row(rs, spec).flops for rs in runs}, max_retries=retries,
                              console=err_console, table=spec.executors.get(executor, {}), source=spec.source,
                              options=flags, progress=not no_progress)
-    executors.get(executor).launch(job)
+    chosen.launch(job)
 
 
 @sweep_app.command("run-one", hidden=True)
