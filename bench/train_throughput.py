@@ -16,7 +16,10 @@ an ordinary PyTorch loop, stand in:
     paper-plain adamw  the paper's block written plainly + torch AdamW
     paper-plain muonh  the paper's block written plainly + MuonH one matrix at a time (+ AdamW rest)
 
-loopscale runs with MuonH (its default, ``r=k``) and with plain AdamW (``r=1 ... adamw``). "vs same"
+loopscale runs with MuonH (its default, ``r=k``) and with plain AdamW (``r=1 ... adamw``); on CPU also
+with its fused CPU functions turned off (``... unfused``: loopscale/model/fused.py, issue 20), so the
+step before and after them is measured side by side. Like the trainer, the process first applies
+``hardware.tune_cpu_malloc`` on CPU (every variant runs under it; ``--default-malloc`` skips it). "vs same"
 is the speed ratio to the paper-plain loop with the same optimiser (the engineering overhead of
 loopscale); "vs nanoGPT" also contains the cost of the paper's architecture. All variants run in one
 process, interleaved, median of repeats. FLOP/s uses the accounting's F. On a CUDA machine it also
@@ -37,9 +40,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loopscale import accounting
 from loopscale.config import ModelConfig
-from loopscale.model import LoopedLM
+from loopscale.model import LoopedLM, fused
 from loopscale.optim import OptimConfig, build_optimizers
-from loopscale.train.hardware import autocast, peak_flops
+from loopscale.train.hardware import autocast, peak_flops, tune_cpu_malloc
 from model_step import hardware
 from plain_gpt import PlainGPT, PlainPaperGPT, plain_optimizer
 
@@ -54,6 +57,19 @@ def make_step(model, opts, x, device, dtype):
             opt.zero_grad(set_to_none=True)
 
     return step
+
+
+def with_fused(step, on: bool):
+    """Run ``step`` with loopscale's fused CPU functions on or off (``loopscale.model.fused.ENABLED``)."""
+
+    def run() -> None:
+        fused.ENABLED = on
+        try:
+            step()
+        finally:
+            fused.ENABLED = True
+
+    return run
 
 
 def in_autocast(step, device, dtype):
@@ -81,11 +97,13 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--nanogpt", type=Path, default=None, help="a clone of karpathy/nanoGPT")
     ap.add_argument("--paper", type=Path, default=None, help="a clone of kschwethelm/looped-lm-scaling")
+    ap.add_argument("--default-malloc", action="store_true", help="skip the trainer's glibc malloc settings")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    print(f"hardware: {hardware()}  device: {device}")
+    tuned = device.type == "cpu" and not args.default_malloc and tune_cpu_malloc()
+    print(f"hardware: {hardware()}  device: {device}  malloc: {'tuned (as the trainer)' if tuned else 'default'}")
     results = []
     for d in args.widths:
         x = torch.randint(0, args.vocab, (args.batch, args.seq_len + 1), device=device)
@@ -110,8 +128,11 @@ def main() -> None:
                 for r in (1, 4):
                     variants[f"paper code r={r} {dtype}"] = (in_autocast(references.paper_step(
                         args.paper, L_eff=args.L_eff, r=r, **shape_kw), device, dtype), None)
+            unfused = [(r, "muonh", False) for r in args.rs] + [(1, "adamw", False)] if device.type == "cpu" else []
             for compiled in ([False, True] if args.compile else [False]):
-                for r, optim in [(r, "muonh") for r in args.rs] + [(1, "adamw")]:
+                for r, optim, use_fused in [(r, "muonh", True) for r in args.rs] + [(1, "adamw", True)] + unfused:
+                    if compiled and not use_fused:
+                        continue
                     cfg = ModelConfig(d_model=d, head_dim=args.head_dim, L_eff=args.L_eff, r=r,
                                       seq_len=args.seq_len, vocab_size=args.vocab)
                     m = LoopedLM(cfg).to(device)
@@ -120,8 +141,9 @@ def main() -> None:
                             b.compile()
                     opt = build_optimizers(m.param_groups(), OptimConfig(name=optim, transfer=False), d_model=d,
                                            tokens_per_step=args.batch * args.seq_len, total_tokens=1e9, r=r)
-                    name = f"r={r} {dtype}{' compile' if compiled else ''}{' adamw' if optim == 'adamw' else ''}"
-                    variants[name] = (make_step(m, [opt], x, device, dtype), cfg)
+                    name = (f"r={r} {dtype}{' compile' if compiled else ''}{' adamw' if optim == 'adamw' else ''}"
+                            f"{'' if use_fused else ' unfused'}")
+                    variants[name] = (with_fused(make_step(m, [opt], x, device, dtype), use_fused), cfg)
         for name, (step, _) in variants.items():  # warm-up (and compile)
             t0 = time.perf_counter()
             step()

@@ -37,6 +37,12 @@ One block application with gradients keeps::
     another 4md.)
     math SDPA instead: scaled q, k and a copy of v (3a d) and the probabilities (H T a), no q/k/v output
 
+On CPU in fp32 the model runs model/fused.py's functions instead (``Regime.fused_cpu``): the norms keep
+their input and 1/rms (4d + 4 each); attention the GEMM input, rope_qk_norm's output (normed q and k and
+v's copy, 3a d, which SDPA's saved q, k, v are views of) with 1/rms per head (8H), SDPA's output and
+logsumexp (a d + 4H; the out projection's input is a view of it, no merged copy); the MLP its input and
+relu(fc x) (a d + m a d): 8d + 8 + 7a d + m a d + 12H, **52 d** in fp32.
+
 A recurrence with gradients adds norm_recur (4d + 4, + 4d composite) and its injection's input: linear
 ``[e || h]`` (2a d); hyperconnect the K lanes for its two lane mixes (4Kd, or a bf16 cast per mix
 under autocast, 2aKd) and the normed output that beta scales; additive and passthrough save nothing.
@@ -57,9 +63,9 @@ autocast, the cached bf16 casts of the other weights and RoPE's tables cast per 
 fused loss the fp32 head gradient (4Vd), which exists from the forward on.
 **S_opt**: MuonH's largest bucket of same-shape matrices (P parameters, n matrices m x M, m <= M): the
 lerped updates and their stack (8P), the orthogonalisation's X, aX, BX, new X and the m x m Gram
-matrices in the ns dtype s, ``8P + s (4P + 2 n m^2)``, or after it the stacked weights and their two
-updates ``16P + 2sP``; AdamW's foreach temporaries on CPU (8 bytes per AdamW parameter; CUDA's fused
-AdamW has none).
+matrices in the ns dtype s, ``8P + s (4P + 2 n m^2)`` (in fp32 ``baddbmm`` forms a X + B X in one GEMM:
+``8P + s (2P + 2 n m^2)``), or after it the stacked weights and their two updates ``16P + 2sP``;
+AdamW's foreach temporaries on CPU (8 bytes per AdamW parameter; CUDA's fused AdamW has none).
 
 **Validation** (no grad) keeps nothing: per token the loss path at once (fp32 logits, their /softcap
 copy, tanh: 12V) or a block's MLP while the key/value tuples of this block and the one before (v keeps
@@ -90,9 +96,18 @@ CPU_FRACTION = 0.5  # of a host's physical memory: it also holds the token data 
 LOSS_CHUNK_BYTES = 2**28  # fp32 logits of one chunk of the fused loss (and their softmax): 256 MiB each
 
 
+MLP_CHUNK_BYTES = 2**20  # one row chunk's fp32 hidden activation in model/fused.py's MLP (cache-sized)
+
+
 def chunk_rows(vocab: int, rows: int) -> int:
     """Rows per chunk of the fused loss: all of them when the logits are small (CPU vocabularies)."""
     return max(1, min(rows, LOSS_CHUNK_BYTES // (4 * vocab)))
+
+
+def mlp_chunk_rows(hidden: int) -> int:
+    """Rows per chunk of model/fused.py's MLP: its [rows, hidden] fp32 activation ~``MLP_CHUNK_BYTES``, so
+    that it stays in cache while the square, the second matmul and their gradients read it."""
+    return max(64, MLP_CHUNK_BYTES // (4 * hidden))
 
 
 # ---- where the step runs -----------------------------------------------------------------
@@ -109,6 +124,12 @@ class Regime:
     attention: str = "flash"
     fused_norm: bool | None = None
     fused_loss: bool = True  # model/loss.py's chunked head + softcap + cross-entropy (``run.fused_loss``)
+    cpu_kernels: bool | None = None  # model/fused.py's functions; None = where the model uses them
+
+    @property
+    def fused_cpu(self) -> bool:
+        """Whether the model runs model/fused.py's functions (CPU without autocast, ``fused.use_fused``)."""
+        return self.device == "cpu" and not self.autocast if self.cpu_kernels is None else self.cpu_kernels
 
     @property
     def a(self) -> int:
@@ -127,6 +148,8 @@ class Regime:
 
     @property
     def composite_norm(self) -> bool:
+        if self.fused_cpu:
+            return False  # fused.rms_norm keeps its input and 1/rms, as CUDA's fused kernel
         return not (self.device == "cuda" if self.fused_norm is None else self.fused_norm)
 
     @property
@@ -156,6 +179,13 @@ def _unique_blocks(cfg: ModelConfig) -> int:
 def block_bytes(cfg: ModelConfig, rg: Regime) -> float:
     """Bytes per token one block application keeps for backward (the table in the module docstring)."""
     d, h, m, a = cfg.width, cfg.n_head, cfg.mlp_ratio, rg.a
+    if rg.fused_cpu:
+        # GEMM input; fused.rope_qk_norm's output (normed q and k, v's copy: SDPA saves views of it) and
+        # 1/rms per head of q and k. SDPA's output is laid out [B, T, H, hd], so the out projection's
+        # input is a view of it (no merged copy).
+        attn = a * d + (3 * a * d + 8 * h)
+        attn += a * d + 4 * h if rg.attention == "flash" else 3 * a * d + h * cfg.seq_len * a + a * d
+        return float(2 * _norm(d, rg) + attn + a * d + m * a * d)
     qk_in = 8 * d if rg.composite_norm else 2 * a * d  # QK-norm's input: upcast by the composite norm
     attn = a * d + (qk_in + 8 * h) + a * d  # GEMM input; QK-norm's input and 1/rms; the merged copy
     if rg.attention == "flash":
@@ -204,11 +234,15 @@ def activation_bytes(cfg: ModelConfig, rg: Regime) -> float:
     return ends + blocks * block_bytes(cfg, rg) + recurrences * loop_bytes(cfg, rg) + logits_bytes(cfg, rg)
 
 
-def backward_transient_bytes(cfg: ModelConfig, rg: Regime) -> float:
-    """L_bwd per token: the last squared-ReLU backward, or (plain loss, large vocabularies) log-softmax's
-    two fp32 gradients."""
+def backward_transient_bytes(cfg: ModelConfig, rg: Regime, tokens: int = 1) -> float:
+    """L_bwd, per token of a micro-batch of ``tokens``: the last squared-ReLU backward, or (plain loss, large
+    vocabularies) log-softmax's two fp32 gradients. model/fused.py's MLP instead peaks with its input's
+    gradient (a d per token), proj's weight gradient and one chunk's two [rows, m d] gradients."""
     d, m = cfg.width, cfg.mlp_ratio
     block = m * rg.a * d  # the squared ReLU's gradient, 2 h g, computed in place (model/layers.py)
+    if rg.fused_cpu:
+        chunk = min(mlp_chunk_rows(m * d), tokens)
+        block = rg.a * d + (2 * chunk * m * d * rg.a + m * d * d * 4) / tokens
     return float(block if rg.fused_loss else max(8 * cfg.vocab_size, block))
 
 
@@ -242,8 +276,9 @@ def weight_copy_bytes(cfg: ModelConfig, rg: Regime) -> float:
     autocast's cached casts, and the fused loss's fp32 head gradient (computed in the forward)."""
     blocks, _ = grad_applications(cfg)
     per_use = 3 * cfg.width * cfg.width * rg.a + (cfg.seq_len * cfg.head_dim * rg.a if rg.autocast else 0)
+    tables = 8 * max(cfg.seq_len, 64) * cfg.head_dim if rg.fused_cpu else 0  # Rotary.turns (cached)
     head_grad = 4 * cfg.vocab_size * cfg.width if rg.fused_loss else 0
-    return blocks * per_use + cached_cast_bytes(cfg, rg, head=not rg.fused_loss) + head_grad
+    return blocks * per_use + tables + cached_cast_bytes(cfg, rg, head=not rg.fused_loss) + head_grad
 
 
 def eval_bytes(cfg: ModelConfig, rg: Regime) -> float:
@@ -297,7 +332,8 @@ def optimizer_transient_bytes(cfg: ModelConfig, rg: Regime, *, optim: str = "muo
     worst = 0.0
     for n, lo, hi in _muon_buckets(cfg):
         p = n * lo * hi
-        worst = max(worst, 8 * p + s * (4 * p + 2 * n * lo * lo), 16 * p + 2 * s * p)
+        xs = 2 if s == 4 else 4  # X and new X (fp32 baddbmm), or also a X and B X (bf16, the paper's order)
+        worst = max(worst, 8 * p + s * (xs * p + 2 * n * lo * lo), 16 * p + 2 * s * p)
     return max(worst, adam)
 
 
@@ -331,7 +367,7 @@ def train_peak(cfg: ModelConfig, rows: int, rg: Regime, *, optim: str = "muonh",
     state = state_bytes(cfg, optim=optim, world=world)
     grads = 0.0 if accumulate else state - state_bytes(cfg, optim=optim, world=world, grads=False)
     return Peak(rows, state, tokens * activation_bytes(cfg, rg) + weight_copy_bytes(cfg, rg) - grads,
-                max(tokens * backward_transient_bytes(cfg, rg), loss_transient_bytes(cfg, rg, tokens)),
+                max(tokens * backward_transient_bytes(cfg, rg, tokens), loss_transient_bytes(cfg, rg, tokens)),
                 optimizer_transient_bytes(cfg, rg, optim=optim, ns_dtype=ns_dtype))
 
 

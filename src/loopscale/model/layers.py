@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from loopscale.model import fused
+
 
 class RMSNorm(nn.Module):
     """RMSNorm with a learnable scale (eps 1e-6), the paper's only normalisation."""
@@ -18,6 +20,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fused.use_fused(x):
+            return fused.rms_norm(x, self.weight, self.eps)
         return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
 
 
@@ -34,6 +38,7 @@ class Rotary(nn.Module):
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self._cache: tuple[int, torch.device, torch.Tensor, torch.Tensor] | None = None
+        self._turns: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def _cos_sin(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if self._cache is None or self._cache[0] < n or self._cache[1] != device:
@@ -41,14 +46,26 @@ class Rotary(nn.Module):
             freqs = torch.outer(t, self.inv_freq.to(device))
             bf16 = torch.bfloat16
             self._cache = (t.numel(), device, freqs.cos().to(bf16).float(), freqs.sin().to(bf16).float())
+            self._turns = None
         return self._cache[2], self._cache[3]
+
+    def turns(self, offset: int, T: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotation as complex numbers, cos - i sin, and its inverse cos + i sin: [T, hd/2] each, in the
+        complex dtype of ``like`` (``fused.rope_qk_norm``); cached beside cos and sin."""
+        cos, sin = self._cos_sin(offset + T, like.device)
+        dtype = torch.complex128 if like.dtype == torch.float64 else torch.complex64
+        if self._turns is None or self._turns[0].dtype != dtype:
+            self._turns = (torch.complex(cos, -sin).to(dtype), torch.complex(cos, sin).to(dtype))
+        return self._turns[0][offset : offset + T], self._turns[1][offset : offset + T]
+
+    def table(self, offset: int, T: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, hd/2] for positions offset..offset+T-1, in ``like``'s dtype."""
+        cos, sin = self._cos_sin(offset + T, like.device)
+        return cos[offset : offset + T].to(like.dtype), sin[offset : offset + T].to(like.dtype)
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """x: [..., T, hd]; positions offset..offset+T-1."""
-        T = x.size(-2)
-        cos, sin = self._cos_sin(offset + T, x.device)
-        cos = cos[offset : offset + T].to(x.dtype)
-        sin = sin[offset : offset + T].to(x.dtype)
+        cos, sin = self.table(offset, x.size(-2), x)
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
 
@@ -121,15 +138,21 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cache: KVSlot | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         # One GEMM for q, k, v (the weights stay separate matrices, as the optimiser sees them).
-        w = torch.cat((self.q.weight, self.k.weight, self.v.weight))
-        qkv = F.linear(x, w).view(B, T, 3, self.n_head, self.head_dim)
-        qk = qkv[:, :, :2].permute(2, 0, 3, 1, 4)  # [2, B, H, T, hd]
-        v = qkv[:, :, 2].transpose(1, 2)
         past = 0 if cache is None else cache.length
         # RoPE, then QK-norm, as the paper's code orders them (with its bf16-rounded table the rotation is
         # not exactly norm-preserving, so the order matters at the last bit); q and k share both calls.
-        qk = _qk_norm(self.rotary(qk, past), self.eps)
-        q, k = qk[0], qk[1]
+        if fused.use_fused(x):  # q and k rows reordered so that RoPE is one complex product (fused.py)
+            w = fused.interleaved_qkv(self.q.weight, self.k.weight, self.v.weight, self.head_dim)
+            qkv = F.linear(x, w).view(B, T, 3, self.n_head, self.head_dim)
+            turns = self.rotary.turns(past, T, qkv)
+            q, k, v = (t.transpose(1, 2) for t in fused.rope_qk_norm(qkv, *turns, self.eps))
+        else:
+            w = torch.cat((self.q.weight, self.k.weight, self.v.weight))
+            qkv = F.linear(x, w).view(B, T, 3, self.n_head, self.head_dim)
+            qk = qkv[:, :, :2].permute(2, 0, 3, 1, 4)  # [2, B, H, T, hd]
+            v = qkv[:, :, 2].transpose(1, 2)
+            qk = _qk_norm(self.rotary(qk, past), self.eps)
+            q, k = qk[0], qk[1]
         if cache is not None:
             k, v = cache.append(k, v)
         if past == 0:
@@ -156,7 +179,9 @@ class _SquaredReLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         (h,) = ctx.saved_tensors
-        return (grad * h).mul_(2.0)
+        # 0 + 2 g h in one pass over a broadcast zero (bitwise (g h) * 2: doubling is exact), not a product
+        # and an in-place doubling: two passes over the widest activation (bench/RESULTS.md, issue 20)
+        return torch.addcmul(grad.new_zeros(()).expand_as(grad), grad, h, value=2.0)
 
 
 class MLP(nn.Module):
@@ -173,6 +198,8 @@ class MLP(nn.Module):
         self.proj = nn.Linear(ratio * d_model, d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fused.use_fused(x):
+            return fused.squared_relu_mlp(x, self.fc.weight, self.proj.weight)
         if torch.is_grad_enabled():
             return self.proj(_SquaredReLU.apply(self.fc(x)))
         h = F.relu(self.fc(x))  # no graph: the pre-activation is freed before the square exists

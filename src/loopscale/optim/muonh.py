@@ -66,10 +66,21 @@ def orthogonalize(G: torch.Tensor, steps: int = 5, dtype: torch.dtype | None = N
     if tall:
         X = X.mT
     X = X / (X.norm(dim=(-2, -1), keepdim=True) * safety + eps)
+    if X.dtype == torch.bfloat16:  # round each term to bf16 as the paper's code does (parity tests)
+        for a, b, c in coeffs:
+            A = X @ X.mT
+            B = b * A + c * (A @ A)
+            X = a * X + B @ X
+        return X.mT if tall else X
+    batched = X.ndim > 2
+    X = X if batched else X.unsqueeze(0)
     for a, b, c in coeffs:
+        # b A + c A A and a X + B X as one GEMM each (beta/alpha): the scalings and sums make no pass of
+        # their own over the stack (on CPU a tenth of the orthogonalisation; bench/RESULTS.md, issue 20)
         A = X @ X.mT
-        B = b * A + c * (A @ A)
-        X = a * X + B @ X
+        B = torch.baddbmm(A, A, A, beta=b, alpha=c)
+        X = torch.baddbmm(X, B, X, beta=a)
+    X = X if batched else X.squeeze(0)
     return X.mT if tall else X
 
 

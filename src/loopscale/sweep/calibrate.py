@@ -84,10 +84,12 @@ def measure(cfg: TrainConfig, rows: int, *, steps: int = 2, threads: int | None 
     from loopscale.model import LoopedLM
     from loopscale.optim import build_optimizers
     from loopscale.train.compiling import compile_for_training
-    from loopscale.train.hardware import Dist, autocast, resolved_dtype, setup_threads
+    from loopscale.train.hardware import Dist, autocast, resolved_dtype, setup_threads, tune_cpu_malloc
 
     device = torch.device(_device(cfg))
     setup_threads(cfg.run.threads or threads, Dist())
+    if device.type == "cpu":
+        tune_cpu_malloc()  # as the trainer does: the timings are the run's
     torch.manual_seed(0)
     model = LoopedLM(cfg.model).to(device)
     model.fused_loss = cfg.run.fused_loss

@@ -70,6 +70,34 @@ def setup_threads(threads: int | None, dist: Dist) -> int:
     return n
 
 
+#: glibc mallopt parameters (malloc.h): M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+MALLOC_ENV = "LOOPSCALE_MALLOC"
+
+
+def tune_cpu_malloc() -> bool:
+    """Keep freed activations in the heap for the next step instead of returning them to the kernel (glibc).
+
+    A CPU training step allocates and frees megabytes of activations per op. glibc serves blocks above its
+    mmap threshold with fresh ``mmap``s, so every such tensor is zero-filled by page faults on first touch,
+    and trims the heap back to the kernel when its free top grows; on this project's 2-core benchmark that
+    made fresh [rows, 4d] products 2-4x slower than the same op into reused memory (bench/RESULTS.md,
+    issue 20). Raising the mmap threshold to glibc's maximum (32 MiB) and the trim threshold to 1 GiB keeps
+    those pages mapped: the process's resident size stays at its high-water mark instead. Off with
+    ``LOOPSCALE_MALLOC=default``; a no-op on other C libraries. Returns whether the settings were applied.
+    """
+    if os.environ.get(MALLOC_ENV, "").strip().lower() == "default" or platform.libc_ver()[0] != "glibc":
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    settings = ((_M_MMAP_THRESHOLD, 32 << 20), (_M_TRIM_THRESHOLD, 1 << 30), (_M_TOP_PAD, 64 << 20))
+    return all(libc.mallopt(param, value) == 1 for param, value in settings)
+
+
 def _cores_for_this_slot() -> int:
     text = os.environ.get(SLOT_CORES_ENV, "").strip()
     return int(text) if text.isdigit() and int(text) > 0 else available_cores()

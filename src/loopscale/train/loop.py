@@ -42,6 +42,7 @@ from loopscale.train.hardware import (
     resolved_dtype,
     setup_dist,
     setup_threads,
+    tune_cpu_malloc,
     versions,
 )
 from loopscale.train.track import make_tracker
@@ -215,6 +216,8 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, progress: bool = True,
         total_steps = cfg.check_length()
         dist, device = setup_dist(cfg.run.device)
         threads = setup_threads(cfg.run.threads, dist)
+        if device.type == "cpu":
+            tune_cpu_malloc()
         t_start = time.time()
         try:
             data = _load_data(cfg)
