@@ -136,7 +136,19 @@ def test_use_fused_only_on_cpu_float_without_autocast(plain_path):
         assert not fused.use_fused(torch.zeros(2))
 
 
-def test_bf16_autocast_on_cpu_takes_the_plain_path():
+def test_bf16_autocast_on_cpu_takes_the_plain_path(monkeypatch):
+    """Under CPU autocast no fused function is called (each would raise), and training still works;
+    in fp32 the same model does call them."""
+    calls = []
+
+    def refuse(name):
+        def f(*args, **kwargs):
+            calls.append(name)
+            raise AssertionError(f"fused.{name} called")
+        return f
+
+    for name in ("rms_norm", "rope_qk_norm", "squared_relu_mlp"):
+        monkeypatch.setattr(fused, name, refuse(name))
     torch.manual_seed(7)
     cfg = ModelConfig(d_model=32, head_dim=16, L_eff=6, r=2, seq_len=16, vocab_size=64)
     model = LoopedLM(cfg)
@@ -144,7 +156,9 @@ def test_bf16_autocast_on_cpu_takes_the_plain_path():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss = model(x[:, :-1], x[:, 1:])
     loss.backward()
-    assert torch.isfinite(loss)
+    assert torch.isfinite(loss) and calls == []
+    with pytest.raises(AssertionError, match="fused"):
+        model(x[:, :-1], x[:, 1:])
 
 
 def test_tune_cpu_malloc(monkeypatch):

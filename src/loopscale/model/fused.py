@@ -77,11 +77,16 @@ def interleaved_qkv(w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, hea
     Attention only ever sees q . k, and the QK-norm is a norm over the whole head, so q and k computed
     in this order give the same attention as the paper's half-split layout; the rotation is then one
     complex product per pair instead of four half-width products, a sum, a difference and a concatenation.
-    A reshape of a transposed view, not an index: its backward is a copy too.
+    One concatenation of transposed views (a single copy, as the plain path's ``torch.cat``), not an index.
     """
     d_out, d_in = w_q.shape
-    qk = torch.stack((w_q, w_k)).view(2, d_out // head_dim, 2, head_dim // 2, d_in).transpose(2, 3)
-    return torch.cat((qk.reshape(2 * d_out, d_in), w_v))
+    heads, half = d_out // head_dim, head_dim // 2
+
+    def paired(w: torch.Tensor) -> torch.Tensor:  # rows (h, i, j) <- (h, j, i)
+        return w.view(heads, 2, half, d_in).transpose(1, 2)
+
+    v = w_v.view(heads, half, 2, d_in)  # v's rows in their own order
+    return torch.cat((paired(w_q), paired(w_k), v)).view(3 * d_out, d_in)
 
 
 class _RopeQKNorm(torch.autograd.Function):
@@ -126,6 +131,12 @@ def rope_qk_norm(qkv: torch.Tensor, turn: torch.Tensor, back: torch.Tensor,
     return _RopeQKNorm.apply(qkv, turn, back, eps)
 
 
+def squared_relu_grad(g: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """d/dz relu(z)^2 applied to ``g``, from h = relu(z): 0 + 2 g h in one pass over a broadcast zero,
+    bitwise (g h) * 2 (doubling is exact) without a second pass for the doubling. Every device uses it."""
+    return torch.addcmul(g.new_zeros(()).expand_as(g), g, h, value=2.0)
+
+
 class _SquaredReLUMLP(torch.autograd.Function):
     """proj(relu(fc x)^2) by row chunks; keeps relu(fc x) only (the square is recomputed per chunk).
 
@@ -155,13 +166,11 @@ class _SquaredReLUMLP(torch.autograd.Function):
         gx = torch.empty_like(rows) if want_x else None
         g_fc: torch.Tensor | None = None
         g_proj: torch.Tensor | None = None
-        zero = h.new_zeros(()).expand(min(ctx.chunk, h.size(0)), h.size(1))
         for lo in range(0, rows.size(0), ctx.chunk):
             hc, gc = h[lo : lo + ctx.chunk], grads[lo : lo + ctx.chunk]
             if want_proj:
                 g_proj = _accumulate(g_proj, gc.t() @ (hc * hc))
-            # d/dz relu(z)^2 = 2 relu(z): 0 + 2 g h in one pass over a broadcast zero
-            gz = torch.addcmul(zero[: hc.size(0)], gc @ w_proj, hc, value=2.0)
+            gz = squared_relu_grad(gc @ w_proj, hc)
             if want_fc:
                 g_fc = _accumulate(g_fc, gz.t() @ rows[lo : lo + ctx.chunk])
             if gx is not None:

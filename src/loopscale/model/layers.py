@@ -179,9 +179,7 @@ class _SquaredReLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         (h,) = ctx.saved_tensors
-        # 0 + 2 g h in one pass over a broadcast zero (bitwise (g h) * 2: doubling is exact), not a product
-        # and an in-place doubling: two passes over the widest activation (bench/RESULTS.md, issue 20)
-        return torch.addcmul(grad.new_zeros(()).expand_as(grad), grad, h, value=2.0)
+        return fused.squared_relu_grad(grad, h)
 
 
 class MLP(nn.Module):
