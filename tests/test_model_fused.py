@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from loopscale.config import ModelConfig
+from loopscale.errors import ConfigError
 from loopscale.model import LoopedLM, fused
 from loopscale.model.layers import Rotary, _qk_norm
 from loopscale.train.hardware import MALLOC_ENV, tune_cpu_malloc
@@ -166,5 +167,10 @@ def test_tune_cpu_malloc(monkeypatch):
 
     monkeypatch.setenv(MALLOC_ENV, "default")
     assert tune_cpu_malloc() is False
+    monkeypatch.setenv(MALLOC_ENV, "tuned")
+    assert tune_cpu_malloc() is (platform.libc_ver()[0] == "glibc")
     monkeypatch.delenv(MALLOC_ENV)
     assert tune_cpu_malloc() is (platform.libc_ver()[0] == "glibc")
+    monkeypatch.setenv(MALLOC_ENV, "off")  # a typo is refused, not silently ignored
+    with pytest.raises(ConfigError, match=r"LOOPSCALE_MALLOC.*'default'"):
+        tune_cpu_malloc()

@@ -83,10 +83,16 @@ def tune_cpu_malloc() -> bool:
     and trims the heap back to the kernel when its free top grows. Raising the mmap threshold to glibc's
     maximum (32 MiB) and the trim threshold to 1 GiB keeps those pages mapped (at d = 128 minor page faults
     per step fell from 7,765 to 208; bench/RESULTS.md, issue 20); the process's resident size stays at its
-    high-water mark instead. Off with ``LOOPSCALE_MALLOC=default``; a no-op on other C libraries. Returns
-    whether the settings were applied.
+    high-water mark instead. ``LOOPSCALE_MALLOC=default`` keeps glibc's defaults (``tuned`` or unset: these
+    settings; anything else is refused); a no-op on other C libraries. Returns whether they were applied.
     """
-    if os.environ.get(MALLOC_ENV, "").strip().lower() == "default" or platform.libc_ver()[0] != "glibc":
+    choice = os.environ.get(MALLOC_ENV, "").strip().lower()
+    if choice not in ("", "tuned", "default"):
+        from loopscale.errors import ConfigError
+
+        raise ConfigError(MALLOC_ENV, "expected 'tuned' (or unset) or 'default'", value=choice,
+                          source="environment")
+    if choice == "default" or platform.libc_ver()[0] != "glibc":
         return False
     import ctypes
 
