@@ -131,6 +131,30 @@ def test_sigkill_mid_run_then_restart_finishes_every_run_once_with_the_same_tabl
     assert len(starts) == 2 and starts[1]["resume"] is True
 
 
+def test_a_kill_between_result_and_done_event_is_logged_on_restart(finished, tmp_path: Path) -> None:
+    """A run whose result.json was written but whose "done" event was not (killed in between) gets its end
+    logged, marked recovered, when the sweep restarts; it is not retrained and nothing is logged twice."""
+    import shutil
+
+    from loopscale.cli import run_app
+
+    _spec, store, _df = finished
+    root = tmp_path / "copy"
+    shutil.copytree(store.root, root)
+    log = root / "events.jsonl"
+    lines = log.read_text().splitlines()
+    victim = json.loads(next(ln for ln in lines if json.loads(ln)["event"] == "done"))["run_id"]
+    log.write_text("".join(ln + "\n" for ln in lines
+                           if not (json.loads(ln)["event"] == "done" and json.loads(ln)["run_id"] == victim)))
+    assert run_app(["sweep", "run", str(root), "--no-progress", "--slots", "1"]) == 0
+    assert run_app(["sweep", "run", str(root), "--no-progress", "--slots", "1"]) == 0  # already logged: no repeat
+    events = SweepStore(root).events()
+    ends = [e for e in events if e["run_id"] == victim and e["event"] == "done"]
+    assert len(ends) == 1 and ends[0]["recovered"] is True and ends[0]["val_loss"] is not None
+    assert sum(e["event"] == "start" for e in events) == 8  # nothing retrained
+    assert sum(e["event"] == "done" for e in events) == 8
+
+
 @pytest.mark.parametrize("slots", [1, 2])
 def test_a_run_that_raises_is_recorded_failed_with_its_error_and_the_others_complete(tmp_path: Path,
                                                                                      slots: int) -> None:

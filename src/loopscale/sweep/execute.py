@@ -30,7 +30,7 @@ from typing import Any
 
 from loopscale.errors import ConfigError
 from loopscale.io import atomic_write_json, set_aside
-from loopscale.sweep.store import RESULT, Lock, SweepStore
+from loopscale.sweep.store import RESULT, Lock, RunState, SweepStore
 
 #: outcomes of ``execute_run``
 OUTCOMES = ("done", "diverged", "failed", "retry", "skipped", "busy", "gave-up")
@@ -43,7 +43,7 @@ def runnable(store: SweepStore, run_id: str, max_retries: int) -> tuple[bool, st
     """Should an executor start this run now? (False, why) for finished, busy or exhausted runs."""
     st = store.state(run_id)
     if st.status in ("done", "diverged"):
-        tidy_finished_run(store, run_id)
+        tidy_finished_run(store, run_id, st)
         return False, st.status
     if st.status == "running":
         return False, "running elsewhere"
@@ -52,12 +52,14 @@ def runnable(store: SweepStore, run_id: str, max_retries: int) -> tuple[bool, st
     return True, st.status
 
 
-def tidy_finished_run(store: SweepStore, run_id: str) -> None:
-    """Remove a finished run's leftovers: ``ckpt.pt`` (unless the run keeps it) and atomic-write temporaries.
+def tidy_finished_run(store: SweepStore, run_id: str, state: RunState | None = None) -> None:
+    """Remove a finished run's leftovers: ``ckpt.pt`` (unless the run keeps it) and atomic-write temporaries,
+    and log its end if a kill after ``result.json`` kept the executor from doing so (``log_missing_end``).
 
     The trainer removes ``ckpt.pt`` right after ``result.json``; a kill in between left it, and executors
     skip finished runs without calling the trainer. Failed runs keep theirs: a retry resumes from it.
     """
+    store.log_missing_end(run_id, state or store.state(run_id))
     from loopscale.train.checkpoint import tidy_finished
 
     try:

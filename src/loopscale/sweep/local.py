@@ -240,7 +240,7 @@ def run_local(store: SweepStore, runs: list[RunSpec], flops: dict[str, float], *
     for rid in finished:
         summary.add("skipped", rid)
         if states[rid].status in ("done", "diverged"):
-            tidy_finished_run(store, rid)
+            tidy_finished_run(store, rid, states[rid])
     queue = collections.deque(rs.run_id for rs in runs if rs.run_id not in finished)
     steps = {rs.run_id: rs.config.total_steps() for rs in runs}
     prog = SweepProgress(console, total_runs=len(runs), total_flops=sum(flops.values()), done_runs=len(finished),

@@ -139,6 +139,7 @@ def _flocked(path: Path) -> Iterator[None]:
 class SweepStore:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
+        self._last_events: dict[str, str] | None = None  # run_id -> its last event (log_missing_end)
         self.runs_dir = self.root / "runs"
 
     # -- layout --
@@ -164,6 +165,25 @@ class SweepStore:
         from loopscale.io import read_jsonl
 
         return read_jsonl(self.root / "events.jsonl")
+
+    def log_missing_end(self, run_id: str, state: RunState) -> bool:
+        """Log the end of a finished run whose last event is still its ``start``, marked ``recovered``.
+
+        A kill after the trainer wrote result.json but before the executor logged ``done`` leaves the run
+        finished with no end in events.jsonl; the restart skips it, so without this the log would never
+        say it finished. Only for runs no live process holds (the holder logs its own end after the
+        result). The last event per run is cached and re-read before anything is written.
+        """
+        if state.result is None or self.live_lock(run_id) is not None:
+            return False
+        if self._last_events is None or self._last_events.get(run_id) == "start":
+            self._last_events = {e.get("run_id"): e.get("event") for e in self.events()}
+        if self._last_events.get(run_id) != "start":
+            return False
+        self.event(state.status, run_id, val_loss=state.result.get("val_loss"), wall_s=state.result.get("wall_s"),
+                   recovered=True)
+        self._last_events[run_id] = state.status
+        return True
 
     # -- planned runs --
     def materialise(self, runs: list[RunSpec]) -> None:
