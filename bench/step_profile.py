@@ -4,11 +4,13 @@
 
 Profiles loopscale's step (forward, backward, optimiser step at issue 20's shape: d = 128, L_eff = 20,
 T = 256, batch 16, head_dim 32, vocabulary 320, fp32, r = 1) with its fused CPU functions
-(``loopscale/model/fused.py``) and without them, and with ``--nanogpt`` the same shape in nanoGPT's own
+(``loopscale/model/fused.py``) and their compiled kernels (``cpu_kernels.c``), the functions without the
+kernels (``fused no C``) and neither (``unfused``), and with ``--nanogpt`` the same shape in nanoGPT's own
 model.py + AdamW, all in one process, interleaved, ``--repeats`` profiled steps each (median per part).
 Parts: matrix multiplies (mm, bmm, addmm, baddbmm), SDPA, the other aten ops (elementwise, reductions,
 copies, fills), and Python/autograd (the self time outside aten ops: autograd nodes, custom functions,
-the optimiser's Python). Like the trainer, the process applies ``hardware.tune_cpu_malloc`` first.
+the optimiser's Python; the compiled kernels run inside the custom functions, so their time is here).
+Like the trainer, the process applies ``hardware.tune_cpu_malloc`` first.
 The profiler's own overhead inflates the small ops; bench/train_throughput.py times the steps unprofiled.
 """
 
@@ -23,7 +25,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from loopscale.config import ModelConfig
-from loopscale.model import LoopedLM, fused
+from loopscale.model import LoopedLM, cpu_kernels, fused
 from loopscale.optim import OptimConfig, build_optimizers
 from loopscale.train.hardware import tune_cpu_malloc
 from model_step import hardware
@@ -40,20 +42,20 @@ def part(name: str) -> str:
     return "other aten" if name.startswith("aten::") else "python/autograd"
 
 
-def loopscale_step(optim: str, on: bool, x: torch.Tensor):
+def loopscale_step(optim: str, on: bool, x: torch.Tensor, kernels: bool = True):
     cfg = ModelConfig(d_model=D, head_dim=HEAD_DIM, L_eff=L_EFF, r=1, seq_len=T, vocab_size=VOCAB)
     model = LoopedLM(cfg)
     opt = build_optimizers(model.param_groups(), OptimConfig(name=optim, transfer=False), d_model=D,
                            tokens_per_step=BATCH * T, total_tokens=1e9, r=1)
 
     def step() -> None:
-        fused.ENABLED = on
+        fused.ENABLED, cpu_kernels.ENABLED = on, kernels
         try:
             model(x[:, :-1], x[:, 1:]).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
         finally:
-            fused.ENABLED = True
+            fused.ENABLED = cpu_kernels.ENABLED = True
 
     return step
 
@@ -66,7 +68,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=12, help="largest other-aten ops listed per variant")
     args = ap.parse_args()
     tuned = tune_cpu_malloc()
-    print(f"hardware: {hardware()}  malloc: {'tuned (as the trainer)' if tuned else 'default'}")
+    print(f"hardware: {hardware()}  malloc: {'tuned (as the trainer)' if tuned else 'default'}  "
+          f"cpu kernels: {cpu_kernels.status()}")
     torch.manual_seed(0)
     x = torch.randint(0, VOCAB, (BATCH, T + 1))
     steps = {}
@@ -76,8 +79,10 @@ def main() -> None:
         steps["nanoGPT code (AdamW)"] = references.nanogpt_step(args.nanogpt, vocab=VOCAB, d=D, n_layer=L_EFF,
                                                                 head_dim=HEAD_DIM, seq_len=T, x=x)
     for optim in args.optim:
-        for on in (False, True):
-            steps[f"loopscale r=1 {optim} {'fused' if on else 'unfused'}"] = loopscale_step(optim, on, x)
+        steps[f"loopscale r=1 {optim} unfused"] = loopscale_step(optim, False, x)
+        if cpu_kernels.library() is not None:
+            steps[f"loopscale r=1 {optim} fused no C"] = loopscale_step(optim, True, x, kernels=False)
+        steps[f"loopscale r=1 {optim} fused"] = loopscale_step(optim, True, x)
     for step in steps.values():
         step()
         step()

@@ -17,8 +17,9 @@ an ordinary PyTorch loop, stand in:
     paper-plain muonh  the paper's block written plainly + MuonH one matrix at a time (+ AdamW rest)
 
 loopscale runs with MuonH (its default, ``r=k``) and with plain AdamW (``r=1 ... adamw``); on CPU also
-with its fused CPU functions turned off (``... unfused``: loopscale/model/fused.py, issue 20), so the
-step before and after them is measured side by side. Like the trainer, the process first applies
+with its fused CPU functions turned off (``... unfused``: loopscale/model/fused.py, issue 20) and with
+them on but without their compiled kernels (``... no C``: loopscale/model/cpu_kernels.c), so the step
+before and after each is measured side by side. Like the trainer, the process first applies
 ``hardware.tune_cpu_malloc`` on CPU (every variant runs under it; ``--default-malloc`` skips it). "vs same"
 is the speed ratio to the paper-plain loop with the same optimiser (the engineering overhead of
 loopscale); "vs nanoGPT" also contains the cost of the paper's architecture. All variants run in one
@@ -40,7 +41,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loopscale import accounting
 from loopscale.config import ModelConfig
-from loopscale.model import LoopedLM, fused
+from loopscale.model import LoopedLM, cpu_kernels, fused
 from loopscale.optim import OptimConfig, build_optimizers
 from loopscale.train.hardware import autocast, peak_flops, tune_cpu_malloc
 from model_step import hardware
@@ -59,15 +60,16 @@ def make_step(model, opts, x, device, dtype):
     return step
 
 
-def with_fused(step, on: bool):
-    """Run ``step`` with loopscale's fused CPU functions on or off (``loopscale.model.fused.ENABLED``)."""
+def with_fused(step, on: bool, kernels: bool = True):
+    """Run ``step`` with loopscale's fused CPU functions on or off (``loopscale.model.fused.ENABLED``) and, when
+    on, with or without their compiled kernels (``loopscale.model.cpu_kernels.ENABLED``)."""
 
     def run() -> None:
-        fused.ENABLED = on
+        fused.ENABLED, cpu_kernels.ENABLED = on, kernels
         try:
             step()
         finally:
-            fused.ENABLED = True
+            fused.ENABLED = cpu_kernels.ENABLED = True
 
     return run
 
@@ -103,7 +105,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tuned = device.type == "cpu" and not args.default_malloc and tune_cpu_malloc()
-    print(f"hardware: {hardware()}  device: {device}  malloc: {'tuned (as the trainer)' if tuned else 'default'}")
+    print(f"hardware: {hardware()}  device: {device}  malloc: {'tuned (as the trainer)' if tuned else 'default'}"
+          + (f"  cpu kernels: {cpu_kernels.status()}" if device.type == "cpu" else ""))
     results = []
     for d in args.widths:
         x = torch.randint(0, args.vocab, (args.batch, args.seq_len + 1), device=device)
@@ -128,10 +131,12 @@ def main() -> None:
                 for r in (1, 4):
                     variants[f"paper code r={r} {dtype}"] = (in_autocast(references.paper_step(
                         args.paper, L_eff=args.L_eff, r=r, **shape_kw), device, dtype), None)
-            unfused = [(r, "muonh", False) for r in args.rs] + [(1, "adamw", False)] if device.type == "cpu" else []
+            on_cpu = device.type == "cpu"
+            unfused = [(r, "muonh", "unfused") for r in args.rs] + [(1, "adamw", "unfused")] if on_cpu else []
+            no_c = [(1, "muonh", "no C"), (1, "adamw", "no C")] if on_cpu and cpu_kernels.library() else []
             for compiled in ([False, True] if args.compile else [False]):
-                for r, optim, use_fused in [(r, "muonh", True) for r in args.rs] + [(1, "adamw", True)] + unfused:
-                    if compiled and not use_fused:
+                for r, optim, how in ([(r, "muonh", "") for r in args.rs] + [(1, "adamw", "")] + no_c + unfused):
+                    if compiled and how:
                         continue
                     cfg = ModelConfig(d_model=d, head_dim=args.head_dim, L_eff=args.L_eff, r=r,
                                       seq_len=args.seq_len, vocab_size=args.vocab)
@@ -142,8 +147,9 @@ def main() -> None:
                     opt = build_optimizers(m.param_groups(), OptimConfig(name=optim, transfer=False), d_model=d,
                                            tokens_per_step=args.batch * args.seq_len, total_tokens=1e9, r=r)
                     name = (f"r={r} {dtype}{' compile' if compiled else ''}{' adamw' if optim == 'adamw' else ''}"
-                            f"{'' if use_fused else ' unfused'}")
-                    variants[name] = (with_fused(make_step(m, [opt], x, device, dtype), use_fused), cfg)
+                            f"{' ' + how if how else ''}")
+                    variants[name] = (with_fused(make_step(m, [opt], x, device, dtype), how != "unfused",
+                                                 how != "no C"), cfg)
         for name, (step, _) in variants.items():  # warm-up (and compile)
             t0 = time.perf_counter()
             step()

@@ -3,6 +3,7 @@ one-line errors instead of tracebacks, non-zero exits for runs that did not fini
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -289,3 +290,37 @@ def test_the_failure_injection_hook_is_not_part_of_a_runs_identity() -> None:
     a = {"run": {"steps": 6, "fail_at_step": 2}, "optim": {"lr_scale": 1.0}}
     assert config_diff(a, {"run": {"steps": 6}, "optim": {"lr_scale": 1.0}}) == []
     assert config_diff(a, {"run": {"steps": 8}, "optim": {}}) == ["optim.lr_scale: 1.0 -> unset", "run.steps: 6 -> 8"]
+
+
+@pytest.mark.parametrize(("env", "value", "expected"), [("LOOPSCALE_MALLOC", "off", "'default'"),
+                                                        ("LOOPSCALE_CPU_KERNELS", "no", "'off'")])
+def test_a_bad_cpu_setting_in_the_environment_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch,
+                                                                              env, value, expected) -> None:
+    from loopscale.model import cpu_kernels
+
+    monkeypatch.setenv(env, value)
+    cpu_kernels.reset()
+    out = tmp_path / "run"
+    try:
+        line = one_line_error(*cli([str(tiny_toml(tmp_path)), "--out", str(out)], capsys))
+    finally:
+        monkeypatch.delenv(env)
+        cpu_kernels.reset()
+    assert f"environment: {env}" in line and expected in line
+    assert not out.exists()
+
+
+def test_without_a_c_compiler_a_cpu_run_warns_once_and_trains(tmp_path, capsys, monkeypatch) -> None:
+    from loopscale.model import cpu_kernels
+
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("LOOPSCALE_CACHE", str(tmp_path / "cache"))
+    cpu_kernels.reset()
+    try:
+        code, text = cli([str(tiny_toml(tmp_path)), "--out", str(tmp_path / "run")], capsys)
+    finally:
+        cpu_kernels.reset()
+    assert code == 0, text
+    assert text.count("warning: compiled CPU kernels unavailable (no C compiler") == 1
+    hardware = json.loads((tmp_path / "run" / "result.json").read_text())["hardware"]
+    assert hardware["cpu_kernels"].startswith("unavailable")

@@ -17,6 +17,11 @@ from typing import Any
 TMP_SUFFIX = ".tmp"
 
 
+def cache_dir() -> Path:
+    """Where loopscale keeps what it can rebuild (token caches, compiled CPU kernels): ``LOOPSCALE_CACHE``."""
+    return Path(os.environ.get("LOOPSCALE_CACHE", Path.home() / ".cache" / "loopscale"))
+
+
 def _tmp_prefix(name: str) -> str:
     return f".{name}."
 

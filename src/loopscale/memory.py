@@ -276,7 +276,7 @@ def weight_copy_bytes(cfg: ModelConfig, rg: Regime) -> float:
     autocast's cached casts, and the fused loss's fp32 head gradient (computed in the forward)."""
     blocks, _ = grad_applications(cfg)
     per_use = 3 * cfg.width * cfg.width * rg.a + (cfg.seq_len * cfg.head_dim * rg.a if rg.autocast else 0)
-    tables = 8 * max(cfg.seq_len, 64) * cfg.head_dim if rg.fused_cpu else 0  # Rotary.turns (cached)
+    tables = 4 * max(cfg.seq_len, 64) * cfg.head_dim if rg.fused_cpu else 0  # Rotary.turn (cached)
     head_grad = 4 * cfg.vocab_size * cfg.width if rg.fused_loss else 0
     return blocks * per_use + tables + cached_cast_bytes(cfg, rg, head=not rg.fused_loss) + head_grad
 

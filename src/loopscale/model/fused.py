@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from loopscale.memory import mlp_chunk_rows
+from loopscale.model import cpu_kernels
 
 #: turn the fused CPU functions off (tests and ``bench/`` compare both paths)
 ENABLED = True
@@ -45,14 +46,22 @@ class _RMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:  # type: ignore[override]
-        rstd = _inv_rms(x, eps)
+        if cpu_kernels.serves(x, x.size(-1), cpu_kernels.MAX_NORM_WIDTH):  # one pass (cpu_kernels.c)
+            x = x.contiguous()
+            y, rstd = cpu_kernels.rms_norm_fwd(x, w, eps)
+        else:
+            rstd = _inv_rms(x, eps)
+            y = torch.mul(x, rstd).mul_(w)
         ctx.save_for_backward(x, w, rstd)
-        return torch.mul(x, rstd).mul_(w)
+        return y
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):  # type: ignore[override]
         x, w, rstd = ctx.saved_tensors
         n = x.size(-1)
+        if cpu_kernels.serves(x, n, cpu_kernels.MAX_NORM_WIDTH):
+            gx, dw = cpu_kernels.rms_norm_bwd(g.contiguous(), x, w, rstd, ctx.needs_input_grad[1])
+            return gx, dw, None
         x_hat = x * rstd
         gx_hat = g * x_hat  # dL/dw per row; its product with w is each row's <g w, x_hat>
         dw = gx_hat.reshape(-1, n).sum(0) if ctx.needs_input_grad[1] else None
@@ -89,29 +98,38 @@ def interleaved_qkv(w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, hea
     return torch.cat((paired(w_q), paired(w_k), v)).view(3 * d_out, d_in)
 
 
+def _kernels_serve(qkv: torch.Tensor) -> bool:
+    return cpu_kernels.serves(qkv, qkv.size(-1), cpu_kernels.MAX_HEAD_DIM) and qkv.size(-2) <= cpu_kernels.MAX_HEADS
+
+
 class _RopeQKNorm(torch.autograd.Function):
     """q, k, v from the fused projection [B, T, 3, H, hd] whose q and k rows are in ``interleaved_qkv``
     order: RoPE as a complex product, then a parameter-free RMSNorm on q and k, v as is; the gradient is
     written straight into one [B, T, 3, H, hd] tensor."""
 
     @staticmethod
-    def forward(ctx, qkv: torch.Tensor, turn: torch.Tensor, back: torch.Tensor,  # type: ignore[override]
-                eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        # (x1, x2) -> (x1 cos + x2 sin, x2 cos - x1 sin) is (x1 + i x2)(cos - i sin)
-        out = torch.empty_like(qkv, memory_format=torch.contiguous_format)
-        y = out[:, :, :2]
-        torch.mul(_pairs(qkv[:, :, :2]), turn[:, None, None], out=_pairs(y))  # [T, 1, 1, hd/2] on [B, T, 2, H, hd/2]
-        rstd = _inv_rms(y, eps)
-        y.mul_(rstd)
-        out[:, :, 2].copy_(qkv[:, :, 2])
-        ctx.save_for_backward(out, rstd, back)
+    def forward(ctx, qkv: torch.Tensor, turn: torch.Tensor, eps: float,  # type: ignore[override]
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if _kernels_serve(qkv):  # one pass (cpu_kernels.c)
+            out, rstd = cpu_kernels.rope_qk_norm_fwd(qkv.contiguous(), turn, eps)
+        else:
+            # (x1, x2) -> (x1 cos + x2 sin, x2 cos - x1 sin) is (x1 + i x2)(cos - i sin)
+            out = torch.empty_like(qkv, memory_format=torch.contiguous_format)
+            y = out[:, :, :2]
+            torch.mul(_pairs(qkv[:, :, :2]), turn[:, None, None], out=_pairs(y))  # [T,1,1,hd/2] on [B,T,2,H,hd/2]
+            rstd = _inv_rms(y, eps)
+            y.mul_(rstd)
+            out[:, :, 2].copy_(qkv[:, :, 2])
+        ctx.save_for_backward(out, rstd, turn)
         return out[:, :, 0], out[:, :, 1], out[:, :, 2]
 
     @staticmethod
     def backward(ctx, gq: torch.Tensor, gk: torch.Tensor, gv: torch.Tensor):  # type: ignore[override]
-        out, rstd, back = ctx.saved_tensors
+        out, rstd, turn = ctx.saved_tensors
+        if _kernels_serve(out):
+            return cpu_kernels.rope_qk_norm_bwd(gq, gk, gv, out, rstd, turn), None, None
         grad = torch.empty_like(out)
-        back = back[:, None]  # the rotation's transpose, cos + i sin: [T, 1, hd/2] against [B, T, H, hd/2]
+        back = turn.conj()[:, None]  # the rotation's transpose, cos + i sin: [T, 1, hd/2] on [B, T, H, hd/2]
         for j, gy in enumerate((gq, gk)):
             y = out[:, :, j]
             c = (gy * y).sum(-1, keepdim=True).div_(y.size(-1))
@@ -120,15 +138,15 @@ class _RopeQKNorm(torch.autograd.Function):
                 gx = gx.contiguous()
             torch.mul(_pairs(gx), back, out=_pairs(grad[:, :, j]))
         grad[:, :, 2].copy_(gv)
-        return grad, None, None, None
+        return grad, None, None
 
 
-def rope_qk_norm(qkv: torch.Tensor, turn: torch.Tensor, back: torch.Tensor,
+def rope_qk_norm(qkv: torch.Tensor, turn: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k, v as [B, T, H, hd] from ``qkv`` [B, T, 3, H, hd] (q and k rows in ``interleaved_qkv`` order);
-    ``turn`` = cos - i sin and ``back`` = cos + i sin, [T, hd/2] for its positions (``Rotary.turns``).
-    q and k come out in ``interleaved_qkv`` order too."""
-    return _RopeQKNorm.apply(qkv, turn, back, eps)
+    ``turn`` = cos - i sin, [T, hd/2] for its positions (``Rotary.turn``). q and k come out in
+    ``interleaved_qkv`` order too."""
+    return _RopeQKNorm.apply(qkv, turn, eps)
 
 
 def squared_relu_grad(g: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -151,9 +169,16 @@ class _SquaredReLUMLP(torch.autograd.Function):
         rows = x.reshape(-1, x.size(-1))
         h = rows.new_empty(rows.size(0), w_fc.size(0))
         out = rows.new_empty(rows.size(0), w_proj.size(0))
+        # with the compiled kernels, relu and square in one pass into a buffer reused by every chunk
+        square = rows.new_empty(min(chunk, rows.size(0)), h.size(1)) if cpu_kernels.serves(rows) else None
         for lo in range(0, rows.size(0), chunk):
-            hc = torch.mm(rows[lo : lo + chunk], w_fc.t(), out=h[lo : lo + chunk]).clamp_(min=0)
-            torch.mm(hc * hc, w_proj.t(), out=out[lo : lo + chunk])
+            hc = torch.mm(rows[lo : lo + chunk], w_fc.t(), out=h[lo : lo + chunk])
+            if square is None:
+                sq = hc.clamp_(min=0) * hc
+            else:
+                sq = square[: hc.size(0)]
+                cpu_kernels.relu_square_fwd(hc, sq)
+            torch.mm(sq, w_proj.t(), out=out[lo : lo + chunk])
         ctx.save_for_backward(rows, h, w_fc, w_proj)
         ctx.chunk = chunk
         return out.view(*x.shape[:-1], w_proj.size(0))
@@ -166,11 +191,19 @@ class _SquaredReLUMLP(torch.autograd.Function):
         gx = torch.empty_like(rows) if want_x else None
         g_fc: torch.Tensor | None = None
         g_proj: torch.Tensor | None = None
+        bufs = None
+        if cpu_kernels.serves(h):  # 2 g h and h^2 in one pass, into two buffers reused by every chunk
+            bufs = h.new_empty(2, min(ctx.chunk, h.size(0)), h.size(1))
         for lo in range(0, rows.size(0), ctx.chunk):
             hc, gc = h[lo : lo + ctx.chunk], grads[lo : lo + ctx.chunk]
+            if bufs is None:
+                sq = hc * hc if want_proj else None
+                gz = squared_relu_grad(gc @ w_proj, hc)
+            else:
+                sq, gz = bufs[0, : hc.size(0)], torch.mm(gc, w_proj, out=bufs[1, : hc.size(0)])
+                cpu_kernels.relu_square_bwd(hc, gz, sq)
             if want_proj:
-                g_proj = _accumulate(g_proj, gc.t() @ (hc * hc))
-            gz = squared_relu_grad(gc @ w_proj, hc)
+                g_proj = _accumulate(g_proj, gc.t() @ sq)
             if want_fc:
                 g_fc = _accumulate(g_fc, gz.t() @ rows[lo : lo + ctx.chunk])
             if gx is not None:

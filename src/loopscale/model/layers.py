@@ -38,7 +38,7 @@ class Rotary(nn.Module):
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self._cache: tuple[int, torch.device, torch.Tensor, torch.Tensor] | None = None
-        self._turns: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._turn: torch.Tensor | None = None
 
     def _cos_sin(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if self._cache is None or self._cache[0] < n or self._cache[1] != device:
@@ -46,17 +46,17 @@ class Rotary(nn.Module):
             freqs = torch.outer(t, self.inv_freq.to(device))
             bf16 = torch.bfloat16
             self._cache = (t.numel(), device, freqs.cos().to(bf16).float(), freqs.sin().to(bf16).float())
-            self._turns = None
+            self._turn = None
         return self._cache[2], self._cache[3]
 
-    def turns(self, offset: int, T: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rotation as complex numbers, cos - i sin, and its inverse cos + i sin: [T, hd/2] each, in the
-        complex dtype of ``like`` (``fused.rope_qk_norm``); cached beside cos and sin."""
+    def turn(self, offset: int, T: int, like: torch.Tensor) -> torch.Tensor:
+        """The rotation as complex numbers, cos - i sin, [T, hd/2] in the complex dtype of ``like``
+        (``fused.rope_qk_norm``; its inverse is the conjugate); cached beside cos and sin."""
         cos, sin = self._cos_sin(offset + T, like.device)
         dtype = torch.complex128 if like.dtype == torch.float64 else torch.complex64
-        if self._turns is None or self._turns[0].dtype != dtype:
-            self._turns = (torch.complex(cos, -sin).to(dtype), torch.complex(cos, sin).to(dtype))
-        return self._turns[0][offset : offset + T], self._turns[1][offset : offset + T]
+        if self._turn is None or self._turn.dtype != dtype:
+            self._turn = torch.complex(cos, -sin).to(dtype)
+        return self._turn[offset : offset + T]
 
     def table(self, offset: int, T: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, hd/2] for positions offset..offset+T-1, in ``like``'s dtype."""
@@ -144,8 +144,8 @@ class Attention(nn.Module):
         if fused.use_fused(x):  # q and k rows reordered so that RoPE is one complex product (fused.py)
             w = fused.interleaved_qkv(self.q.weight, self.k.weight, self.v.weight, self.head_dim)
             qkv = F.linear(x, w).view(B, T, 3, self.n_head, self.head_dim)
-            turns = self.rotary.turns(past, T, qkv)
-            q, k, v = (t.transpose(1, 2) for t in fused.rope_qk_norm(qkv, *turns, self.eps))
+            turn = self.rotary.turn(past, T, qkv)
+            q, k, v = (t.transpose(1, 2) for t in fused.rope_qk_norm(qkv, turn, self.eps))
         else:
             w = torch.cat((self.q.weight, self.k.weight, self.v.weight))
             qkv = F.linear(x, w).view(B, T, 3, self.n_head, self.head_dim)

@@ -81,7 +81,7 @@ def measure(cfg: TrainConfig, rows: int, *, steps: int = 2, threads: int | None 
     with ``run.threads`` torch threads, else ``threads``, else the machine's share (``setup_threads``)."""
     import torch
 
-    from loopscale.model import LoopedLM
+    from loopscale.model import LoopedLM, cpu_kernels
     from loopscale.optim import build_optimizers
     from loopscale.train.compiling import compile_for_training
     from loopscale.train.hardware import Dist, autocast, resolved_dtype, setup_threads, tune_cpu_malloc
@@ -90,6 +90,7 @@ def measure(cfg: TrainConfig, rows: int, *, steps: int = 2, threads: int | None 
     setup_threads(cfg.run.threads or threads, Dist())
     if device.type == "cpu":
         tune_cpu_malloc()  # as the trainer does: the timings are the run's
+        cpu_kernels.library()
     torch.manual_seed(0)
     model = LoopedLM(cfg.model).to(device)
     model.fused_loss = cfg.run.fused_loss

@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,12 +27,9 @@ from loopscale.data import cache, sources
 from loopscale.data.config import DataConfig
 from loopscale.data.tokenizer import Tokenizer
 from loopscale.errors import ConfigError
+from loopscale.io import cache_dir
 
 CACHE_FORMAT = cache.FORMAT  # 2: a folder of mapped .bin files (1: one torch .pt file; now ignored)
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("LOOPSCALE_CACHE", Path.home() / ".cache" / "loopscale"))
 
 
 @dataclass

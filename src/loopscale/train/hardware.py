@@ -145,6 +145,10 @@ def hardware_info(device: torch.device) -> dict[str, Any]:
                 break
     info: dict[str, Any] = {"device": str(device), "cpu": cpu, "cores": available_cores(),
                             "threads": torch.get_num_threads()}
+    if device.type == "cpu":  # whether the compiled kernels run (or the torch ops, and why)
+        from loopscale.model import cpu_kernels
+
+        info["cpu_kernels"] = cpu_kernels.status()
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
         info["gpu_count"] = torch.cuda.device_count()

@@ -27,7 +27,7 @@ import torch
 from loopscale import accounting, memory
 from loopscale.errors import ConfigError, LoopscaleError
 from loopscale.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl
-from loopscale.model import LoopedLM
+from loopscale.model import LoopedLM, cpu_kernels
 from loopscale.optim import build_optimizers
 from loopscale.signals import STOP_OR_WARN, StopSignals, second_ctrl_c_stops_at_once
 from loopscale.train import checkpoint as ck
@@ -218,6 +218,9 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, progress: bool = True,
         threads = setup_threads(cfg.run.threads, dist)
         if device.type == "cpu":
             tune_cpu_malloc()
+            # built here, before the run dir exists (a bad LOOPSCALE_CPU_KERNELS is refused); a missing compiler is said
+            if cpu_kernels.library() is None and dist.is_main and cpu_kernels.status().startswith("unavailable"):
+                _warn(f"compiled CPU kernels {cpu_kernels.status()} (slower; docs/model.md)")
         t_start = time.time()
         try:
             data = _load_data(cfg)

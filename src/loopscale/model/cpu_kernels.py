@@ -1,0 +1,225 @@
+"""``cpu_kernels.c``: compiled with the system C compiler on first use, cached, called through ctypes.
+
+The fused CPU functions (``fused.py``) cut a step's elementwise passes with torch ops, but RoPE + QK-norm
+still ran as about fifteen small ops per block and RMSNorm as six: eager torch has no single CPU kernel
+for either. Forward + backward on [16, 256, 128] (issue 20's shape, 2 threads): RoPE + QK-norm 6.4-7.0 ms
+with torch ops, 2.5-2.7 ms here (nanoGPT's q/k/v split: 1.0 ms); RMSNorm 1.5-1.8 ms, 0.7 ms here
+(LayerNorm: 0.7 ms). The C file does each in one pass per direction (``bench/RESULTS.md``, issue 20).
+
+A plain C file, not a torch extension: it needs only ``cc`` (no torch headers, no ninja; about 2 s to
+compile, once per source, compiler and CPU, into ``<LOOPSCALE_CACHE>/kernels``) and runs on raw fp32
+buffers. Without a compiler, or with ``LOOPSCALE_CPU_KERNELS=off``, ``library()`` is None and ``fused.py``
+keeps its torch ops: the same formulas, slower. ``status()`` says which; runs record it (``hardware_info``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+from loopscale.errors import ConfigError
+from loopscale.io import cache_dir
+
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
+ENV = "LOOPSCALE_CPU_KERNELS"
+FLAGS = ("-O3", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math")
+#: tried in order until one compiles: OpenMP (torch's own thread pool) and this CPU's vector units first
+VARIANTS = (("-fopenmp", "-march=native"), ("-march=native",), ("-fopenmp",), ())
+#: elements per part below which a call stays on the caller's thread (waking the pool costs more than it saves)
+GRAIN = 1 << 15
+#: widest rows the kernels take (their stack buffers); wider ones use the torch ops
+MAX_NORM_WIDTH, MAX_HEAD_DIM, MAX_HEADS = 4096, 1024, 1024
+
+#: turn the kernels off in this process (``bench/`` times the step with and without them)
+ENABLED = True
+
+_lock = threading.Lock()
+_state: tuple[ctypes.CDLL | None, str] | None = None
+
+_P, _L, _F, _I = ctypes.c_void_p, ctypes.c_long, ctypes.c_float, ctypes.c_int
+_SIGNATURES = {
+    "rms_norm_fwd": (_P, _P, _P, _P, _L, _L, _F, _I),
+    "rms_norm_bwd": (_P, _P, _P, _P, _P, _P, _L, _L, _I),
+    "rope_qk_norm_fwd": (_P, _P, _P, _P, _L, _L, _L, _L, _F, _I),
+    "rope_qk_norm_bwd": (_P, _P, _P, _P, _P, _P, _P, _P, _L, _L, _L, _L, _I),
+    "relu_square_fwd": (_P, _P, _L, _I),
+    "relu_square_bwd": (_P, _P, _P, _L, _I),
+}
+
+
+def _wanted() -> bool:
+    choice = os.environ.get(ENV, "").strip().lower()
+    if choice not in ("", "on", "off"):
+        raise ConfigError(ENV, "expected 'on' (or unset) or 'off'", value=choice, source="environment")
+    return choice != "off"
+
+
+def _compiler() -> str | None:
+    """``$CC`` if set (None if it is not there), else ``cc`` or ``gcc`` on the PATH."""
+    cc = os.environ.get("CC", "").strip()
+    return shutil.which(cc) if cc else (shutil.which("cc") or shutil.which("gcc"))
+
+
+def _cpu() -> str:
+    """This CPU's model and feature flags: ``-march=native`` code must not run on another CPU, so they key
+    the cache (a home folder shared by cluster nodes of different CPUs keeps one build per CPU)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            info = [line for line in fh if line.startswith(("model name", "flags", "Features", "CPU part"))]
+        return "".join(sorted(set(info)))
+    except OSError:
+        return platform.processor() + platform.machine()
+
+
+def _build(cc: str) -> tuple[Path, tuple[str, ...]]:
+    """The shared library for this source, compiler, flags and CPU, and the variant that compiled: built
+    once, renamed into place atomically (sweep workers starting together may all build it; the last rename
+    wins, every copy is the same)."""
+    code = SOURCE.read_bytes()
+    errors = []
+    for extra in VARIANTS:
+        flags = (*FLAGS, *extra)
+        key = hashlib.sha256(b"\0".join([code, cc.encode(), " ".join(flags).encode(), _cpu().encode(),
+                                         sys.platform.encode()])).hexdigest()[:16]
+        target = cache_dir() / "kernels" / f"cpu_kernels-{key}.so"
+        if target.is_file():
+            return target, extra
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".cpu_kernels.", suffix=".so", dir=target.parent)
+        os.close(fd)
+        try:
+            done = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True,
+                                  timeout=120, check=False)
+            if done.returncode == 0:
+                os.replace(tmp, target)
+                return target, extra
+            errors.append((done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[0])
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+    raise RuntimeError(f"{cc} failed: {errors[-1]}")
+
+
+def _load() -> tuple[ctypes.CDLL | None, str]:
+    if not _wanted():
+        return None, f"off ({ENV}=off): torch ops"
+    cc = _compiler()
+    if cc is None:
+        return None, "unavailable (no C compiler: install one, or set CC to one): torch ops"
+    try:
+        path, extra = _build(cc)
+        lib = ctypes.CDLL(str(path))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        return None, f"unavailable ({exc}): torch ops"
+    for name, args in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, None
+    return lib, "compiled" + (f" ({' '.join(extra)})" if extra else "")
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled kernels, or None (then ``fused.py`` uses torch ops); built on the first call."""
+    global _state
+    if _state is None:
+        with _lock:
+            if _state is None:
+                _state = _load()
+    return _state[0]
+
+
+def status() -> str:
+    """'compiled', or why not and what runs instead (recorded in a run's hardware info)."""
+    library()
+    assert _state is not None
+    return _state[1]
+
+
+def reset() -> None:
+    """Forget the loaded state (tests switch ``LOOPSCALE_CPU_KERNELS`` and the compiler)."""
+    global _state
+    _state = None
+
+
+def serves(x: torch.Tensor, width: int = 0, limit: int = 0) -> bool:
+    """Whether the kernels take ``x``: a plain fp32 CPU tensor with memory behind it (not a fake, meta or
+    ``torch.func``-wrapped one: memory estimates and transforms run the torch ops), a width the kernels'
+    buffers hold, and a compiled library. fp64 keeps the torch ops, which ``gradcheck`` checks."""
+    return (ENABLED and type(x) is torch.Tensor and x.dtype == torch.float32 and x.device.type == "cpu"
+            and x.layout == torch.strided and not torch._C._functorch.is_functorch_wrapped_tensor(x)
+            and width <= limit and library() is not None)
+
+
+def _parts(numel: int) -> int:
+    return max(1, min(torch.get_num_threads(), numel // GRAIN))
+
+
+def _ptr(t: torch.Tensor) -> int:
+    """The address of ``t``'s first element; the caller keeps ``t`` alive (bound to a name) for the call."""
+    return t.data_ptr()
+
+
+def rms_norm_fwd(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """y = x rstd w and rstd [..., 1] for contiguous fp32 ``x``."""
+    n = x.size(-1)
+    y = torch.empty_like(x)
+    rstd = x.new_empty((*x.shape[:-1], 1))
+    rows, w = x.numel() // n, w.contiguous()  # bound: a pointer into a temporary would dangle
+    library().rms_norm_fwd(_ptr(x), _ptr(w), _ptr(y), _ptr(rstd), rows, n, eps, _parts(x.numel()))
+    return y, rstd
+
+
+def rms_norm_bwd(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor,
+                 want_dw: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """dL/dx and (if wanted) dL/dw; ``g`` and ``x`` contiguous fp32. Each part sums its rows' dL/dw into
+    its own row of a [parts, n] buffer, summed here (the same bits for the same thread count)."""
+    n = x.size(-1)
+    rows, parts = x.numel() // n, _parts(x.numel())
+    gx = torch.empty_like(x)
+    dw_parts = x.new_zeros(parts, n) if want_dw else None
+    w = w.contiguous()
+    library().rms_norm_bwd(_ptr(g), _ptr(x), _ptr(w), _ptr(rstd), _ptr(gx),
+                           None if dw_parts is None else _ptr(dw_parts), rows, n, parts)
+    return gx, (dw_parts.sum(0) if dw_parts is not None else None)
+
+
+def rope_qk_norm_fwd(qkv: torch.Tensor, turn: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE then QK-norm on q and k of a contiguous fp32 [B, T, 3, H, hd] (pairs adjacent), v copied;
+    ``turn`` [T, hd/2] complex64 (cos - i sin). Returns the output and rstd [B, T, 2, H, 1]."""
+    B, T, _, H, hd = qkv.shape
+    out = torch.empty_like(qkv)
+    rstd = qkv.new_empty(B, T, 2, H, 1)
+    table = torch.view_as_real(turn.contiguous())
+    library().rope_qk_norm_fwd(_ptr(qkv), _ptr(table), _ptr(out), _ptr(rstd), B, T, H, hd, eps, _parts(qkv.numel()))
+    return out, rstd
+
+
+def rope_qk_norm_bwd(gq: torch.Tensor, gk: torch.Tensor, gv: torch.Tensor, out: torch.Tensor,
+                     rstd: torch.Tensor, turn: torch.Tensor) -> torch.Tensor:
+    """The gradient [B, T, 3, H, hd] from those of q, k, v ([B, T, H, hd], any strides: SDPA's backends
+    hand them over in different layouts), the saved output and rstd."""
+    B, T, _, H, hd = out.shape
+    grad = torch.empty_like(out)
+    strides = (ctypes.c_long * 12)(*gq.stride(), *gk.stride(), *gv.stride())
+    table = torch.view_as_real(turn.contiguous())
+    library().rope_qk_norm_bwd(_ptr(gq), _ptr(gk), _ptr(gv), ctypes.addressof(strides), _ptr(out), _ptr(rstd),
+                               _ptr(table), _ptr(grad), B, T, H, hd, _parts(out.numel()))
+    return grad
+
+
+def relu_square_fwd(z: torch.Tensor, sq: torch.Tensor) -> None:
+    """``z`` (contiguous fp32) becomes relu(z) in place; ``sq`` (same size) receives its square."""
+    library().relu_square_fwd(_ptr(z), _ptr(sq), z.numel(), _parts(z.numel()))
+
+
+def relu_square_bwd(h: torch.Tensor, g: torch.Tensor, sq: torch.Tensor) -> None:
+    """``g`` (the gradient at h^2) becomes 2 g h in place; ``sq`` receives h^2. All contiguous fp32."""
+    library().relu_square_bwd(_ptr(h), _ptr(g), _ptr(sq), h.numel(), _parts(h.numel()))
