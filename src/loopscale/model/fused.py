@@ -9,7 +9,9 @@ same mathematics in fewer passes (``bench/RESULTS.md``, issue 20: a step's eleme
 quarter to a third at d = 128; steps at the demo's widths run 1.0-1.17x faster). They are used on CPU in
 fp32/fp64 outside autocast and compilation (``use_fused``); elsewhere ``layers.py`` keeps the plain ops,
 which CUDA's fused kernels and ``torch.compile`` already serve well. ``tests/test_model_fused.py`` checks
-values and gradients against the plain path and with ``gradcheck``.
+values and gradients against the plain path and with ``gradcheck``. In fp32 their elementwise work runs in
+``cpu_kernels.c`` (one pass per direction, compiled on first use) when a C compiler is there, and in the
+torch ops below otherwise (``tests/test_model_cpu_kernels.py`` holds the two against each other).
 
 The forward values are the plain path's up to rounding (the norms' scale is computed as
 ``rsqrt(|x|^2 / n + eps)``, RoPE as a complex product); the normalisation and rotation formulas are
