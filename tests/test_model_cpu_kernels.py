@@ -226,3 +226,26 @@ def test_fake_tensors_take_the_torch_ops(kernels):
         loss.backward()
         assert not cpu_kernels.serves(x.float(), 8, cpu_kernels.MAX_NORM_WIDTH)
     assert loss.shape == ()
+
+
+def test_a_damaged_cached_build_is_removed_and_rebuilt(kernels, tmp_path):
+    """A build damaged on disk (a crash mid-write) is dropped and the next process rebuilds it. In separate
+    processes: a process that has loaded a library must never see its file change (builds are renamed
+    into place, a new inode, for that reason)."""
+    import os
+    import sys
+
+    kernels(True)  # skips without a compiler
+    env = {**os.environ, "LOOPSCALE_CACHE": str(tmp_path)}
+    env.pop(cpu_kernels.ENV, None)
+
+    def status() -> str:
+        code = "from loopscale.model import cpu_kernels as c; print(c.status())"
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    assert status().startswith("compiled")
+    (built,) = (tmp_path / "kernels").glob("cpu_kernels-*.so")
+    built.write_bytes(b"not a shared library")
+    assert "cached build was removed" in status() and not built.exists()
+    assert status().startswith("compiled") and built.is_file()

@@ -85,11 +85,11 @@ def _build(cc: str) -> tuple[Path, tuple[str, ...]]:
     """The shared library for this source, compiler, flags and CPU, and the variant that compiled: built
     once, renamed into place atomically (sweep workers starting together may all build it; the last rename
     wins, every copy is the same)."""
-    code = SOURCE.read_bytes()
+    code, cpu = SOURCE.read_bytes(), _cpu().encode()
     errors = []
     for extra in VARIANTS:
         flags = (*FLAGS, *extra)
-        key = hashlib.sha256(b"\0".join([code, cc.encode(), " ".join(flags).encode(), _cpu().encode(),
+        key = hashlib.sha256(b"\0".join([code, cc.encode(), " ".join(flags).encode(), cpu,
                                          sys.platform.encode()])).hexdigest()[:16]
         target = cache_dir() / "kernels" / f"cpu_kernels-{key}.so"
         if target.is_file():
@@ -117,9 +117,13 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         return None, "unavailable (no C compiler: install one, or set CC to one): torch ops"
     try:
         path, extra = _build(cc)
-        lib = ctypes.CDLL(str(path))
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         return None, f"unavailable ({exc}): torch ops"
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as exc:  # a damaged cached build (a crash mid-write): removed, so the next process rebuilds it
+        path.unlink(missing_ok=True)
+        return None, f"unavailable ({exc}; the cached build was removed): torch ops"
     for name, args in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, None
