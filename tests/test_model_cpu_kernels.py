@@ -106,6 +106,80 @@ def test_shapes_beyond_the_kernels_buffers_take_the_torch_ops(kernels, shape):
     _against_torch_ops(kernels, lambda: _rope(qkv, turn, grads), rtol=0, atol=0)  # the same torch ops, bit for bit
 
 
+def _attention(qkv, turn, g, *, kernel: bool):
+    """rope_qk_norm then causal attention, [B, T, H * hd]: all in C, or rope_qk_norm + torch's SDPA."""
+    x = qkv.clone().requires_grad_()
+    if kernel:
+        y = fused.rope_qk_norm_attention(x, turn, 1e-6)
+    else:
+        q, k, v = (t.transpose(1, 2) for t in fused.rope_qk_norm(x, turn, 1e-6))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = y.transpose(1, 2).reshape(*qkv.shape[:2], -1)
+    y.backward(g)
+    return y.detach(), x.grad
+
+
+@pytest.mark.parametrize("B,T,H,hd", [(2, 64, 3, 16), (1, 100, 4, 32), (3, 37, 1, 64), (1, 50, 2, 128),
+                                      (2, 7, 2, 48), (1, 1, 2, 16), (1, 300, 1, 32)])  # inlined + other sizes
+@pytest.mark.parametrize("grad_layout", ["contiguous", "strided"])
+def test_attention_kernel_matches_sdpa(kernels, B, T, H, hd, grad_layout):
+    """The C attention (register tiles, causal blocks, T off the tiles' grid) against SDPA on the same q, k, v:
+    outputs and the gradient of q, k and v, also for an incoming gradient that is not contiguous."""
+    kernels(True)
+    torch.manual_seed(8)
+    qkv = torch.randn(B, T, 3, H, hd)
+    turn = Rotary(hd).turn(0, T, qkv)
+    g = torch.randn(B, H * hd, T).transpose(1, 2) if grad_layout == "strided" else torch.randn(B, T, H * hd)
+    assert fused.attention_kernel_serves(qkv)
+    got, want = _attention(qkv, turn, g, kernel=True), _attention(qkv, turn, g, kernel=False)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_kernel_is_bitwise_the_same_for_any_thread_count(kernels):
+    kernels(True)
+    torch.manual_seed(9)
+    qkv, g = torch.randn(2, 70, 3, 3, 32), torch.randn(2, 70, 96)
+    turn = Rotary(32).turn(0, 70, qkv)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _attention(qkv, turn, g, kernel=True)
+        torch.set_num_threads(2)
+        two = _attention(qkv, turn, g, kernel=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(one, two, strict=True))
+
+
+def test_attention_kernel_propagates_nan(kernels):
+    """A NaN in one sequence's keys makes that sequence's later outputs NaN (a diverged run is seen as one);
+    the other sequence is untouched."""
+    kernels(True)
+    torch.manual_seed(10)
+    qkv = torch.randn(2, 20, 3, 1, 16)
+    qkv[0, 5, 1, 0, 3] = float("nan")
+    y = fused.rope_qk_norm_attention(qkv, Rotary(16).turn(0, 20, qkv), 1e-6)
+    assert y[0, 5:].isnan().all() and not y[0, :5].isnan().any() and not y[1].isnan().any()
+
+
+def test_attention_kernel_steps_aside_for_other_sizes_backends_and_modes(kernels):
+    """hd off the 16-wide tiles, SDPA restricted to another backend (as the FLOP counter test does), and
+    dispatch modes (a FlopCounterMode must see the attention products) all run SDPA."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    kernels(True)
+    assert fused.attention_kernel_serves(torch.zeros(1, 4, 3, 2, 32))
+    assert not fused.attention_kernel_serves(torch.zeros(1, 4, 3, 2, 24))
+    with sdpa_kernel(SDPBackend.MATH):
+        assert not fused.attention_kernel_serves(torch.zeros(1, 4, 3, 2, 32))
+    with FlopCounterMode(display=False):
+        assert not fused.attention_kernel_serves(torch.zeros(1, 4, 3, 2, 32))
+    kernels(False)
+    assert not fused.attention_kernel_serves(torch.zeros(1, 4, 3, 2, 32))
+
+
 @pytest.mark.parametrize("chunk", [7, 64])  # ragged chunks and one chunk
 def test_squared_relu_mlp_kernels_are_the_torch_ops_bit_for_bit(kernels, chunk):
     """relu and square, 2 g h and h^2 in one pass each: the same arithmetic, so every value is identical;

@@ -40,8 +40,9 @@ One block application with gradients keeps::
 On CPU in fp32 the model runs model/fused.py's functions instead (``Regime.fused_cpu``): the norms keep
 their input and 1/rms (4d + 4 each); attention the GEMM input, rope_qk_norm's output (normed q and k and
 v's copy, 3a d, which SDPA's saved q, k, v are views of) with 1/rms per head (8H), SDPA's output and
-logsumexp (a d + 4H; the out projection's input is a view of it, no merged copy); the MLP its input and
-relu(fc x) (a d + m a d): 8d + 8 + 7a d + m a d + 12H, **52 d** in fp32.
+logsumexp (a d + 4H; the out projection's input is a view of it, no merged copy; model/cpu_kernels.c's
+attention keeps the same); the MLP its input and relu(fc x) (a d + m a d): 8d + 8 + 7a d + m a d + 12H,
+**52 d** in fp32.
 
 A recurrence with gradients adds norm_recur (4d + 4, + 4d composite) and its injection's input: linear
 ``[e || h]`` (2a d); hyperconnect the K lanes for its two lane mixes (4Kd, or a bf16 cast per mix

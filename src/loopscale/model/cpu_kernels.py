@@ -4,7 +4,9 @@ The fused CPU functions (``fused.py``) cut a step's elementwise passes with torc
 still ran as about fifteen small ops per block and RMSNorm as six: eager torch has no single CPU kernel
 for either. Forward + backward on [16, 256, 128] (issue 20's shape, 2 threads): RoPE + QK-norm 6.4-7.0 ms
 with torch ops, 2.5-2.7 ms here (nanoGPT's q/k/v split: 1.0 ms); RMSNorm 1.5-1.8 ms, 0.7 ms here
-(LayerNorm: 0.7 ms). The C file does each in one pass per direction (``bench/RESULTS.md``, issue 20).
+(LayerNorm: 0.7 ms). The C file does each in one pass per direction (``bench/RESULTS.md``, issue 20). It
+also holds causal attention on RoPE's packed output (``attention_fwd``/``attention_bwd``): torch's CPU flash
+kernel runs small BLAS calls per block, and at head size 32 forward + backward took 22.7 ms against 12.9 here.
 
 A plain C file, not a torch extension: it needs only ``cc`` (no torch headers, no ninja; about 2 s to
 compile, once per source, compiler and CPU, into ``<LOOPSCALE_CACHE>/kernels``) and runs on raw fp32
@@ -54,7 +56,10 @@ _SIGNATURES = {
     "rope_qk_norm_bwd": (_P, _P, _P, _P, _P, _P, _P, _P, _L, _L, _L, _L, _I),
     "relu_square_fwd": (_P, _P, _L, _I),
     "relu_square_bwd": (_P, _P, _P, _L, _I),
+    "attn_fwd": (_P, _P, _P, _P, _L, _L, _L, _L, _F, _I),
+    "attn_bwd": (_P, _P, _P, _P, _P, _P, _P, _L, _L, _L, _L, _F, _I),
 }
+_RESTYPES = {"attn_workspace": (ctypes.c_long, (_L, _L, _I))}
 
 
 def _wanted() -> bool:
@@ -127,6 +132,9 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     for name, args in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, None
+    for name, (res, args) in _RESTYPES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, res
     return lib, "compiled" + (f" ({' '.join(extra)})" if extra else "")
 
 
@@ -155,11 +163,12 @@ def reset() -> None:
 
 def serves(x: torch.Tensor, width: int = 0, limit: int = 0) -> bool:
     """Whether the kernels take ``x``: a plain fp32 CPU tensor with memory behind it (not a fake, meta or
-    ``torch.func``-wrapped one: memory estimates and transforms run the torch ops), a width the kernels'
-    buffers hold, and a compiled library. fp64 keeps the torch ops, which ``gradcheck`` checks."""
+    ``torch.func``-wrapped one: memory estimates and transforms run the torch ops), no dispatch mode active
+    (a ``FlopCounterMode`` must see the torch ops), a width the kernels' buffers hold, and a compiled
+    library. fp64 keeps the torch ops, which ``gradcheck`` checks."""
     return (ENABLED and type(x) is torch.Tensor and x.dtype == torch.float32 and x.device.type == "cpu"
             and x.layout == torch.strided and not torch._C._functorch.is_functorch_wrapped_tensor(x)
-            and width <= limit and library() is not None)
+            and torch._C._len_torch_dispatch_stack() == 0 and width <= limit and library() is not None)
 
 
 def _parts(numel: int) -> int:
@@ -227,3 +236,42 @@ def relu_square_fwd(z: torch.Tensor, sq: torch.Tensor) -> None:
 def relu_square_bwd(h: torch.Tensor, g: torch.Tensor, sq: torch.Tensor) -> None:
     """``g`` (the gradient at h^2) becomes 2 g h in place; ``sq`` receives h^2. All contiguous fp32."""
     library().relu_square_bwd(_ptr(h), _ptr(g), _ptr(sq), h.numel(), _parts(h.numel()))
+
+
+def attention_serves(qkv: torch.Tensor) -> bool:
+    """Whether ``attention_fwd`` takes ``qkv`` [B, T, 3, H, hd]: the kernels serve it, hd is a multiple of 16
+    (the register tiles' width), and SDPA's flash backend is allowed: under ``sdpa_kernel(MATH)`` (as the FLOP
+    counter test uses) and other backend choices the caller's SDPA runs, as asked."""
+    return (qkv.dim() == 5 and qkv.size(-1) % 16 == 0 and torch.backends.cuda.flash_sdp_enabled()
+            and serves(qkv))
+
+
+def _attn_parts(B: int, H: int, T: int, hd: int) -> int:
+    return max(1, min(torch.get_num_threads(), B * H, B * H * T * T * hd // GRAIN))
+
+
+def attention_fwd(qkv: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal softmax(q k^T scale) v per head from contiguous fp32 ``qkv`` [B, T, 3, H, hd] (the output of
+    ``rope_qk_norm_fwd``). Returns out [B, T, H, hd] (the out projection's layout) and the log-sum-exp of
+    each query row [B, H, T] for the backward pass."""
+    B, T, _, H, hd = qkv.shape
+    out = qkv.new_empty(B, T, H, hd)
+    lse = qkv.new_empty(B, H, T)
+    parts = _attn_parts(B, H, T, hd)
+    work = qkv.new_empty(parts, library().attn_workspace(T, hd, 0))
+    library().attn_fwd(_ptr(qkv), _ptr(out), _ptr(lse), _ptr(work), B, T, H, hd, scale, parts)
+    return out, lse
+
+
+def attention_bwd(qkv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
+                  scale: float) -> torch.Tensor:
+    """The gradient [B, T, 3, H, hd] of q, k and v from the saved ``qkv``, ``out``, ``lse`` and ``g`` (out's
+    gradient as [B, T, H, hd], any strides)."""
+    B, T, _, H, hd = qkv.shape
+    grad = torch.empty_like(qkv)
+    strides = (ctypes.c_long * 4)(*g.stride())
+    parts = _attn_parts(B, H, T, hd)
+    work = qkv.new_empty(parts, library().attn_workspace(T, hd, 1))
+    library().attn_bwd(_ptr(qkv), _ptr(out), _ptr(lse), _ptr(g), ctypes.addressof(strides), _ptr(grad), _ptr(work),
+                       B, T, H, hd, scale, parts)
+    return grad

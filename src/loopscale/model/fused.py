@@ -11,7 +11,8 @@ fp32/fp64 outside autocast and compilation (``use_fused``); elsewhere ``layers.p
 which CUDA's fused kernels and ``torch.compile`` already serve well. ``tests/test_model_fused.py`` checks
 values and gradients against the plain path and with ``gradcheck``. In fp32 their elementwise work runs in
 ``cpu_kernels.c`` (one pass per direction, compiled on first use) when a C compiler is there, and in the
-torch ops below otherwise (``tests/test_model_cpu_kernels.py`` holds the two against each other).
+torch ops below otherwise (``tests/test_model_cpu_kernels.py`` holds the two against each other). With the
+kernels, causal attention runs there too (``rope_qk_norm_attention``), in place of torch's CPU SDPA.
 
 The forward values are the plain path's up to rounding (the norms' scale is computed as
 ``rsqrt(|x|^2 / n + eps)``, RoPE as a complex product); the normalisation and rotation formulas are
@@ -107,11 +108,12 @@ def _kernels_serve(qkv: torch.Tensor) -> bool:
 class _RopeQKNorm(torch.autograd.Function):
     """q, k, v from the fused projection [B, T, 3, H, hd] whose q and k rows are in ``interleaved_qkv``
     order: RoPE as a complex product, then a parameter-free RMSNorm on q and k, v as is; the gradient is
-    written straight into one [B, T, 3, H, hd] tensor."""
+    written straight into one [B, T, 3, H, hd] tensor. ``packed``: the output as that one tensor (for
+    ``causal_attention``), else as three [B, T, H, hd] views."""
 
     @staticmethod
     def forward(ctx, qkv: torch.Tensor, turn: torch.Tensor, eps: float,  # type: ignore[override]
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                packed: bool = False):
         if _kernels_serve(qkv):  # one pass (cpu_kernels.c)
             out, rstd = cpu_kernels.rope_qk_norm_fwd(qkv.contiguous(), turn, eps)
         else:
@@ -123,13 +125,15 @@ class _RopeQKNorm(torch.autograd.Function):
             y.mul_(rstd)
             out[:, :, 2].copy_(qkv[:, :, 2])
         ctx.save_for_backward(out, rstd, turn)
-        return out[:, :, 0], out[:, :, 1], out[:, :, 2]
+        ctx.packed = packed
+        return out if packed else (out[:, :, 0], out[:, :, 1], out[:, :, 2])
 
     @staticmethod
-    def backward(ctx, gq: torch.Tensor, gk: torch.Tensor, gv: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, *grads: torch.Tensor):  # type: ignore[override]
         out, rstd, turn = ctx.saved_tensors
+        gq, gk, gv = (grads[0][:, :, 0], grads[0][:, :, 1], grads[0][:, :, 2]) if ctx.packed else grads
         if _kernels_serve(out):
-            return cpu_kernels.rope_qk_norm_bwd(gq, gk, gv, out, rstd, turn), None, None
+            return cpu_kernels.rope_qk_norm_bwd(gq, gk, gv, out, rstd, turn), None, None, None
         grad = torch.empty_like(out)
         back = turn.conj()[:, None]  # the rotation's transpose, cos + i sin: [T, 1, hd/2] on [B, T, H, hd/2]
         for j, gy in enumerate((gq, gk)):
@@ -140,7 +144,7 @@ class _RopeQKNorm(torch.autograd.Function):
                 gx = gx.contiguous()
             torch.mul(_pairs(gx), back, out=_pairs(grad[:, :, j]))
         grad[:, :, 2].copy_(gv)
-        return grad, None, None
+        return grad, None, None, None
 
 
 def rope_qk_norm(qkv: torch.Tensor, turn: torch.Tensor,
@@ -149,6 +153,39 @@ def rope_qk_norm(qkv: torch.Tensor, turn: torch.Tensor,
     ``turn`` = cos - i sin, [T, hd/2] for its positions (``Rotary.turn``). q and k come out in
     ``interleaved_qkv`` order too."""
     return _RopeQKNorm.apply(qkv, turn, eps)
+
+
+class _CausalAttention(torch.autograd.Function):
+    """Causal SDPA (scale 1/sqrt(hd)) on the packed output of ``rope_qk_norm``, in ``cpu_kernels.c``: the
+    output comes out as [B, T, H * hd] (the out projection's input, no transpose copy) and the gradient goes
+    back as one [B, T, 3, H, hd] tensor. Keeps what the flash kernels keep: q, k, v (the packed tensor,
+    already saved by ``rope_qk_norm``), the output and each query row's log-sum-exp."""
+
+    @staticmethod
+    def forward(ctx, qkv: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        B, T, _, H, hd = qkv.shape
+        ctx.scale = hd**-0.5
+        qkv = qkv.contiguous()
+        y, lse = cpu_kernels.attention_fwd(qkv, ctx.scale)
+        ctx.save_for_backward(qkv, y, lse)
+        return y.view(B, T, H * hd)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):  # type: ignore[override]
+        qkv, y, lse = ctx.saved_tensors
+        return cpu_kernels.attention_bwd(qkv, y, lse, g.view(y.shape), ctx.scale)
+
+
+def attention_kernel_serves(qkv: torch.Tensor) -> bool:
+    """Whether ``rope_qk_norm_attention`` runs ``qkv`` [B, T, 3, H, hd] (fp32 CPU with the compiled kernels,
+    hd a multiple of 16, SDPA's flash backend not switched off); otherwise the caller runs SDPA."""
+    return _kernels_serve(qkv) and cpu_kernels.attention_serves(qkv)
+
+
+def rope_qk_norm_attention(qkv: torch.Tensor, turn: torch.Tensor, eps: float) -> torch.Tensor:
+    """``rope_qk_norm`` then causal self-attention of its q, k, v, [B, T, H * hd], all in ``cpu_kernels.c``
+    (callers check ``cpu_kernels.attention_serves(qkv)``)."""
+    return _CausalAttention.apply(_RopeQKNorm.apply(qkv, turn, eps, True))
 
 
 def squared_relu_grad(g: torch.Tensor, h: torch.Tensor) -> torch.Tensor:

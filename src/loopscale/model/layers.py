@@ -145,6 +145,8 @@ class Attention(nn.Module):
             w = fused.interleaved_qkv(self.q.weight, self.k.weight, self.v.weight, self.head_dim)
             qkv = F.linear(x, w).view(B, T, 3, self.n_head, self.head_dim)
             turn = self.rotary.turn(past, T, qkv)
+            if cache is None and fused.attention_kernel_serves(qkv):  # training and scoring: all in C
+                return self.out(fused.rope_qk_norm_attention(qkv, turn, self.eps))
             q, k, v = (t.transpose(1, 2) for t in fused.rope_qk_norm(qkv, turn, self.eps))
         else:
             w = torch.cat((self.q.weight, self.k.weight, self.v.weight))
