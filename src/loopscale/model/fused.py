@@ -109,7 +109,7 @@ class _RopeQKNorm(torch.autograd.Function):
     """q, k, v from the fused projection [B, T, 3, H, hd] whose q and k rows are in ``interleaved_qkv``
     order: RoPE as a complex product, then a parameter-free RMSNorm on q and k, v as is; the gradient is
     written straight into one [B, T, 3, H, hd] tensor. ``packed``: the output as that one tensor (for
-    ``causal_attention``), else as three [B, T, H, hd] views."""
+    ``_CausalAttention``), else as three [B, T, H, hd] views."""
 
     @staticmethod
     def forward(ctx, qkv: torch.Tensor, turn: torch.Tensor, eps: float,  # type: ignore[override]
@@ -184,7 +184,7 @@ def attention_kernel_serves(qkv: torch.Tensor) -> bool:
 
 def rope_qk_norm_attention(qkv: torch.Tensor, turn: torch.Tensor, eps: float) -> torch.Tensor:
     """``rope_qk_norm`` then causal self-attention of its q, k, v, [B, T, H * hd], all in ``cpu_kernels.c``
-    (callers check ``cpu_kernels.attention_serves(qkv)``)."""
+    (callers check ``attention_kernel_serves(qkv)``)."""
     return _CausalAttention.apply(_RopeQKNorm.apply(qkv, turn, eps, True))
 
 
