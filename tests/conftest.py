@@ -9,8 +9,15 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="session", autouse=True)
 def _cache_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Tests never write into the user's cache; packed token rows are shared within a session."""
+    """Tests never write into the user's cache; packed token rows and the compiled CPU kernels are shared
+    within a session. Under ``pytest -n 2`` each worker has its own base temp dir, so its own cache."""
     os.environ["LOOPSCALE_CACHE"] = str(tmp_path_factory.mktemp("loopscale-cache"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest tests (marked ``long``) first, in their usual order: under ``pytest -n 2`` a worker that
+    took one of them last would run alone while the other waits."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
 # A small embedded-default data config: real text capped, a small world (fast to build and pack).

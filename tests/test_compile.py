@@ -30,11 +30,13 @@ def test_compile_accepts_the_old_booleans_and_names_the_modes() -> None:
 
 
 def _pair(**kw: object) -> tuple[LoopedLM, LoopedLM]:
-    cfg = ModelConfig(**{**TINY_MODEL, "r": 4, "bptt_k": 2, **kw})  # truncated BPTT: no_grad inside the graph
+    # 1 + 2 x 1 + 1 blocks, truncated BPTT (no_grad inside the graph); small, as inductor's C++ builds are slow
+    cfg = ModelConfig(**{**TINY_MODEL, "L_eff": 4, "r": 2, "bptt_k": 1, **kw})
     model = LoopedLM(cfg)
     return model, copy.deepcopy(model)
 
 
+@pytest.mark.long
 def test_the_whole_compiled_model_matches_eager_loss_and_gradients(tmp_path, monkeypatch) -> None:
     use_cache_dir(tmp_path / "inductor")  # a fresh cache: this test compiles for real
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
@@ -111,6 +113,7 @@ def _ddp_worker(rank: int, world: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.long
 def test_the_whole_compiled_model_under_ddp_averages_gradients_like_one_process(tmp_path) -> None:
     spawn_ranks(_ddp_worker, 2, tmp_path)
     g0, g1 = (torch.load(tmp_path / f"rank{k}.pt") for k in (0, 1))

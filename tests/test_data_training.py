@@ -47,6 +47,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_a_tiny_model_trained_on_the_mixture_lowers_the_task_world_continuation_loss() -> None:

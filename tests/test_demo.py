@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 FIGURES = ("isoflop", "frontier", "parity", "residuals", "phi", "equivalence", "allocation", "axes", "test_time")
 
 
@@ -22,6 +24,7 @@ def _finished(out: Path) -> dict[str, int]:
     return {p.parent.name: p.stat().st_mtime_ns for p in (out / "sweep" / "runs").glob("*/result.json")}
 
 
+@pytest.mark.long
 def test_quick_demo_resumes_after_sigkill_and_writes_a_checked_report(tmp_path: Path) -> None:
     import matplotlib.image as mpimg
 

@@ -18,7 +18,7 @@ def test_the_two_top_commands_are_unchanged_and_the_test_one_is_what_ci_runs() -
     demo, tests = _commands()
     base = "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && "
     assert demo == base + "pip install -e . && loopscale demo --quick"
-    assert tests == base + "pip install -e '.[dev,eval]' && pytest -q"
+    assert tests == base + "pip install -e '.[dev,eval]' && pytest -q -n 2"
     ci = ROOT / ".ci" / "run"
     if ci.exists():
         assert tests in ci.read_text(encoding="utf-8")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -302,16 +303,21 @@ def test_fake_tensors_take_the_torch_ops(kernels):
     assert loss.shape == ()
 
 
+@pytest.mark.long
 def test_a_damaged_cached_build_is_removed_and_rebuilt(kernels, tmp_path):
     """A build damaged on disk (a crash mid-write) is dropped and the next process rebuilds it. In separate
     processes: a process that has loaded a library must never see its file change (builds are renamed
     into place, a new inode, for that reason)."""
     import os
+    import shutil
     import sys
 
     kernels(True)  # skips without a compiler
     env = {**os.environ, "LOOPSCALE_CACHE": str(tmp_path)}
     env.pop(cpu_kernels.ENV, None)
+    session_build = Path(cpu_kernels.library()._name)  # the session's build, under its cache key (no recompile)
+    (tmp_path / "kernels").mkdir()
+    shutil.copy(session_build, tmp_path / "kernels" / session_build.name)
 
     def status() -> str:
         code = "from loopscale.model import cpu_kernels as c; print(c.status())"
@@ -323,3 +329,48 @@ def test_a_damaged_cached_build_is_removed_and_rebuilt(kernels, tmp_path):
     built.write_bytes(b"not a shared library")
     assert "cached build was removed" in status() and not built.exists()
     assert status().startswith("compiled") and built.is_file()
+
+
+def test_an_instruction_set_is_chosen_with_loopscale_cpu_march_and_refused_when_this_cpu_lacks_it(kernels,
+                                                                                                monkeypatch):
+    kernels(False)
+    monkeypatch.setenv(cpu_kernels.ENV, "on")
+    monkeypatch.setenv(cpu_kernels.MARCH_ENV, "x86-64-v3; rm -rf /")  # a flag string, never a shell word
+    cpu_kernels.reset()
+    with pytest.raises(ConfigError, match=r"LOOPSCALE_CPU_MARCH.*x86-64-v3"):
+        cpu_kernels.library()
+    if cpu_kernels._compiler() is None or cpu_kernels._cpu_flags() is None:
+        pytest.skip("needs a C compiler and an x86 CPU's flags")
+    # a build for AVX-512 on a CPU without it would die of SIGILL on its first call: refused beforehand
+    monkeypatch.setattr(cpu_kernels, "_cpu_flags", lambda: ["sse4_2", "avx", "avx2", "fma", "f16c"])
+    monkeypatch.setenv(cpu_kernels.MARCH_ENV, "x86-64-v4")
+    cpu_kernels.reset()
+    assert cpu_kernels.library() is None
+    assert "LOOPSCALE_CPU_MARCH=x86-64-v4 needs avx512f" in cpu_kernels.status()
+
+
+def test_avx2_and_native_builds_give_the_same_bits(kernels, monkeypatch):
+    """The kernels' vectors are 8 lanes whatever the instruction set, and both builds contract a*b+c into FMAs:
+    an AVX2 (x86-64-v3) build gives the bits of this CPU's native one (AVX-512 on the EPYCs CI runs on)."""
+    kernels(True)
+    if "avx2" not in (cpu_kernels._cpu_flags() or []):
+        pytest.skip("needs an x86 CPU with AVX2")
+    torch.manual_seed(6)
+    cfg = ModelConfig(d_model=64, head_dim=32, L_eff=6, r=2, seq_len=48, vocab_size=320)
+    model = LoopedLM(cfg)
+    x = torch.randint(0, 320, (3, 49))
+
+    def run(march: str | None):
+        if march is None:
+            monkeypatch.delenv(cpu_kernels.MARCH_ENV, raising=False)
+        else:
+            monkeypatch.setenv(cpu_kernels.MARCH_ENV, march)
+        cpu_kernels.reset()
+        assert march is None or f"-march={march}" in cpu_kernels.status()
+        model.zero_grad()
+        loss = model(x[:, :-1], x[:, 1:])
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    (l0, g0), (l1, g1) = run(None), run("x86-64-v3")
+    assert torch.equal(l0, l1) and all(torch.equal(a, b) for a, b in zip(g0, g1, strict=True))

@@ -6,13 +6,16 @@ The fixtures in tests/fixtures/parity were written by ``dev/paper_parity.py`` fr
 - logits at identical weights: 2e-5 absolute (fp32 reassociation only; values are O(1));
 - per-group learning rates: 1e-12 relative (float rounding only), on the tiny runs and the paper grid;
 - FLOPs per token, D_ref, target tokens and the number of steps: exactly equal;
-- losses of the first 8 optimiser steps and after them: twice the paper code's own run-to-run noise
-  (``_tolerance``; 3e-4 to 9e-4 nats), which is 3x to 40x smaller than the effect of any recipe deviation
-  the issue tracker listed (``test_the_step_comparison_detects_...``).
+- losses of the first 8 optimiser steps and after them: twice the larger of the paper code's noise
+  (measured where the fixtures were made) and loopscale's own on the machine that runs the test
+  (``_tolerance``; 4.7e-4 to 8.7e-4 nats on an AVX-512 EPYC), which is 2x to 40x smaller than the effect
+  of any recipe deviation the issue tracker listed (``test_the_step_comparison_detects_...``, which must
+  exceed it on every CPU).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -66,9 +69,10 @@ def test_accounting_of_the_tiny_models_matches_the_papers_code(name: str) -> Non
     assert sum(p.numel() for p in model.parameters()) == accounting.N_total(cfg)
 
 
-def _first_steps(name: str, optim: OptimConfig, lr_factors: dict[str, float] | None = None
+def _first_steps(name: str, optim: OptimConfig, lr_factors: dict[str, float] | None = None, loss_scale: float = 1.0
                  ) -> tuple[list[float], list[float], dict[str, float]]:
-    """loopscale's first 8 steps on a case: losses (and the loss after them), lr multipliers, peak lrs."""
+    """loopscale's first 8 steps on a case: losses (and the loss after them), lr multipliers, peak lrs.
+    ``loss_scale`` multiplies the loss that is back-propagated (not the one reported)."""
     case, cfg, model, x, y, _ = _case(name)
     tcfg = _train_config(cfg, {"steps": case["steps"], "batch_size": case["rows"]}, optim)
     opt = build_optimizers(model.param_groups(), tcfg.optim, d_model=cfg.width, tokens_per_step=tcfg.tokens_per_step,
@@ -80,7 +84,7 @@ def _first_steps(name: str, optim: OptimConfig, lr_factors: dict[str, float] | N
     for step in range(case["steps"]):
         mults.append(opt.set_lr_for_step(step, case["steps"]))
         loss = model(x[step], y[step])
-        loss.backward()
+        (loss * loss_scale if loss_scale != 1.0 else loss).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
@@ -94,11 +98,27 @@ def _loss_gap(name: str, losses: list[float]) -> float:
     return max(abs(a - b) for a, b in zip(losses, [*case["losses"], case["loss_after"]], strict=True))
 
 
+#: last-bit perturbations of the back-propagated loss: exactly the same updates in exact arithmetic
+NOISE_SCALES = (1 + 2**-20, 1 - 2**-20, 1 + 2**-21, 1 + 2**-19)
+
+
+@functools.cache
+def _own_noise(name: str) -> float:
+    """loopscale's run-to-run noise on this machine: the largest move of its 8-step losses when the loss is
+    scaled by each of ``NOISE_SCALES`` (2.2e-4 to 3.9e-4 nats on an AVX-512 EPYC)."""
+    losses = _first_steps(name, PARITY_OPTIM)[0]
+    return max(max(abs(a - b) for a, b in zip(losses, _first_steps(name, PARITY_OPTIM, loss_scale=s)[0], strict=True))
+               for s in NOISE_SCALES)
+
+
 def _tolerance(name: str) -> float:
-    """Twice the paper code's own noise: its 8 steps rerun with the loss scaled by 1 + 2^-20 (exactly the
-    same updates in exact arithmetic) move by ``self_noise``, because bf16 Polar Express amplifies
-    last-bit differences in the gradients (1.5e-4 to 4.4e-4 nats for these cases)."""
-    return 2 * CASES[name]["self_noise"]
+    """Twice the larger of two noises. The paper code's: its 8 steps rerun with the loss scaled by 1 + 2^-20
+    move by ``self_noise`` (1.5e-4 to 4.4e-4 nats), because bf16 Polar Express amplifies last-bit differences
+    in the gradients. And loopscale's on the machine that runs the test (``_own_noise``): the fixtures were
+    made on an AVX2-only CPU, and on another CPU the bf16 GEMMs (oneDNN picks its kernels by instruction set:
+    ``ONEDNN_MAX_CPU_ISA=AVX2`` moves r4's gap from 4.5e-4 to 3.2e-4 nats on an AVX-512 EPYC) differ from
+    the fixture machine's in the last bits, which the same amplification carries into the losses."""
+    return 2 * max(CASES[name]["self_noise"], _own_noise(name))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -121,6 +121,7 @@ def test_tokenizer_train_cli_then_training_with_the_bpe(tmp_path: Path) -> None:
         train(load_train_config(None, [*sets, "model.vocab_size=257"]), tmp_path / "run2", progress=False)
 
 
+@pytest.mark.long
 def test_a_bpe_trained_on_the_embedded_default_tokenizes_the_default_mixture(tmp_path: Path, capsys) -> None:
     from loopscale.cli import run_app
     from loopscale.data.hf_tokenizer import HFTokenizer

@@ -139,6 +139,7 @@ def test_rank_0_skipping_a_finished_run_trains_on_no_rank(sweep: tuple[SweepStor
     assert _events(store, rid) == []
 
 
+@pytest.mark.long
 def test_one_rank_failing_inside_training_ends_both_ranks_and_the_next_submission_finishes(
         sweep: tuple[SweepStore, str], monkeypatch: pytest.MonkeyPatch) -> None:
     """Rank 1 raises at step 2 while rank 0 waits in that step's all-reduce: no hang, one failure, retryable."""

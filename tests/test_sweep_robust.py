@@ -262,3 +262,62 @@ def test_a_newline_in_a_slurm_setting_is_refused_in_one_line_naming_the_field(ta
         spec_from_dict(spec, source="spec.toml")
     msg = str(info.value)
     assert msg.startswith(f"spec.toml: {field}: ") and "must be one line" in msg and "\n" not in msg and "\r" not in msg
+
+
+_WIND_DOWN = """\
+import os, signal, sys, time
+from loopscale.signals import StopSignals
+
+class Stop(Exception):
+    pass
+
+def stop_now(signum, first):
+    raise Stop  # leave the block at the first signal: the repeats land in the wind-down below
+
+open(sys.argv[1] + ".ready", "w").close()
+try:
+    with StopSignals(on_signal=stop_now):
+        time.sleep(60)
+except Stop:
+    pass
+else:
+    sys.exit(2)
+time.sleep(1.5)  # the wind-down (checkpoint, events, lock): repeated SIGTERMs arrive here
+open(sys.argv[1], "w").write("wound down")
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the worker's tether uses Linux's prctl")
+def test_a_tethered_worker_survives_the_repeated_sigterms_of_a_killed_multithreaded_sweep(tmp_path: Path) -> None:
+    """The cause of the isolated-sweep flake: the kernel re-sends PR_SET_PDEATHSIG each time the thread a worker
+    was handed to exits, so a SIGKILLed sweep with several threads sends its worker several SIGTERMs. One landing
+    after the trainer's handler was restored used to kill the worker before it released its lock."""
+    import signal
+    import time
+
+    marker = tmp_path / "done"
+    (tmp_path / "child.py").write_text(_WIND_DOWN)
+    parent_code = ("import subprocess, sys, threading, time\n"
+                   "from loopscale.sweep.local import tethered\n"
+                   "for _ in range(6):\n"
+                   "    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+                   f"cmd = [sys.executable, {str(tmp_path / 'child.py')!r}, {str(marker)!r}]\n"
+                   "p = subprocess.Popen(tethered(cmd))\n"
+                   "print(p.pid, flush=True)\n"
+                   "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        t0 = time.time()
+        while not (tmp_path / "done.ready").exists():
+            assert time.time() - t0 < 60 and parent.poll() is None
+            time.sleep(0.05)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        t0 = time.time()
+        while not _gone(child) and time.time() - t0 < 30:
+            time.sleep(0.05)
+        assert marker.exists() and marker.read_text() == "wound down"
+    finally:
+        if parent.poll() is None:
+            parent.kill()

@@ -46,8 +46,16 @@ class StopSignals:
 
     def __exit__(self, *exc: Any) -> None:
         for sig, old in self._old.items():
-            signal.signal(sig, old)
+            # Once a stop was caught the process is winding down (checkpoint, events, lock): a repeated stop
+            # signal must not kill it half-way, as a default action would. Repeats come: a tethered sweep
+            # worker gets SIGTERM once per thread of its killed sweep (the kernel re-sends PR_SET_PDEATHSIG
+            # each time the thread it was handed to exits), and SLURM repeats its SIGTERM.
+            signal.signal(sig, _ignore_repeat if self.caught is not None and old == signal.SIG_DFL else old)
         self._old.clear()
+
+
+def _ignore_repeat(signum: int, frame: Any) -> None:
+    """A stop signal after the one already being acted on: nothing more to do."""
 
 
 def second_ctrl_c_stops_at_once(signum: int, first: bool) -> None:

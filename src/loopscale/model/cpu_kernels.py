@@ -8,7 +8,7 @@ with torch ops, 2.5-2.7 ms here (nanoGPT's q/k/v split: 1.0 ms); RMSNorm 1.5-1.8
 also holds causal attention on RoPE's packed output (``attention_fwd``/``attention_bwd``): torch's CPU flash
 kernel runs small BLAS calls per block, and at head size 32 forward + backward took 28.7 ms against 16.4 here.
 
-A plain C file, not a torch extension: it needs only ``cc`` (no torch headers, no ninja; about 2 s to
+A plain C file, not a torch extension: it needs only ``cc`` (no torch headers, no ninja; about 8 s to
 compile, once per source, compiler and CPU, into ``<LOOPSCALE_CACHE>/kernels``) and runs on raw fp32
 buffers. Without a compiler, or with ``LOOPSCALE_CPU_KERNELS=off``, ``library()`` is None and ``fused.py``
 keeps its torch ops: the same formulas, slower. ``status()`` says which; runs record it (``hardware_info``).
@@ -20,6 +20,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -34,6 +35,10 @@ from loopscale.io import cache_dir
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
 ENV = "LOOPSCALE_CPU_KERNELS"
+#: the instruction set the kernels are built for (``-march=VALUE``; default ``native``). The vector width
+#: changes summation order and the exp polynomial's lanes, so results differ in the last bits between,
+#: say, ``x86-64-v3`` (AVX2) and ``x86-64-v4`` (AVX-512) builds: the test suite checks both (docs/model.md).
+MARCH_ENV = "LOOPSCALE_CPU_MARCH"
 FLAGS = ("-O3", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math")
 #: tried in order until one compiles: OpenMP (torch's own thread pool) and this CPU's vector units first
 VARIANTS = (("-fopenmp", "-march=native"), ("-march=native",), ("-fopenmp",), ())
@@ -69,6 +74,50 @@ def _wanted() -> bool:
     return choice != "off"
 
 
+def _variants() -> tuple[tuple[str, ...], ...]:
+    """The flag variants to try: ``VARIANTS``, or with ``LOOPSCALE_CPU_MARCH`` set only builds for that
+    instruction set (a build for another one would silently not be what was asked for)."""
+    march = os.environ.get(MARCH_ENV, "").strip()
+    if not march:
+        return VARIANTS
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", march):
+        raise ConfigError(MARCH_ENV, "expected a -march value such as 'native', 'x86-64-v3' (AVX2) or "
+                          "'x86-64-v4' (AVX-512)", value=march, source="environment")
+    return (("-fopenmp", f"-march={march}"), (f"-march={march}",))
+
+
+#: the compiler's macro for an instruction-set extension, and /proc/cpuinfo's flag for it
+_EXTENSIONS = {"__AVX__": "avx", "__AVX2__": "avx2", "__FMA__": "fma", "__F16C__": "f16c", "__AVX512F__": "avx512f",
+               "__AVX512DQ__": "avx512dq", "__AVX512CD__": "avx512cd", "__AVX512BW__": "avx512bw",
+               "__AVX512VL__": "avx512vl"}
+
+
+def _cpu_flags() -> list[str] | None:
+    """/proc/cpuinfo's feature flags (x86 Linux), else None."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            return next((line.split(":", 1)[1].split() for line in fh if line.startswith("flags")), None)
+    except OSError:
+        return None
+
+
+def _missing_extensions(cc: str, march: str) -> list[str]:
+    """The vector extensions a ``-march=`` build would use that this CPU lacks (a build for them would die
+    of SIGILL on its first call): the compiler's predefined macros against /proc/cpuinfo's flags."""
+    flags = _cpu_flags()
+    if flags is None:
+        return []  # not an x86 Linux CPU list: nothing to check against
+    try:
+        done = subprocess.run([cc, f"-march={march}", "-dM", "-E", "-"], input="", capture_output=True, text=True,
+                              timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if done.returncode != 0:
+        return []  # a -march the compiler refuses: the build then says so
+    defined = {line.split()[1] for line in done.stdout.splitlines() if line.startswith("#define ")}
+    return [flag for macro, flag in _EXTENSIONS.items() if macro in defined and flag not in flags]
+
+
 def _compiler() -> str | None:
     """``$CC`` if set (None if it is not there), else ``cc`` or ``gcc`` on the PATH."""
     cc = os.environ.get("CC", "").strip()
@@ -86,13 +135,13 @@ def _cpu() -> str:
         return platform.processor() + platform.machine()
 
 
-def _build(cc: str) -> tuple[Path, tuple[str, ...]]:
+def _build(cc: str, variants: tuple[tuple[str, ...], ...]) -> tuple[Path, tuple[str, ...]]:
     """The shared library for this source, compiler, flags and CPU, and the variant that compiled: built
     once, renamed into place atomically (sweep workers starting together may all build it; the last rename
     wins, every copy is the same)."""
     code, cpu = SOURCE.read_bytes(), _cpu().encode()
     errors = []
-    for extra in VARIANTS:
+    for extra in variants:
         flags = (*FLAGS, *extra)
         key = hashlib.sha256(b"\0".join([code, cc.encode(), " ".join(flags).encode(), cpu,
                                          sys.platform.encode()])).hexdigest()[:16]
@@ -117,11 +166,15 @@ def _build(cc: str) -> tuple[Path, tuple[str, ...]]:
 def _load() -> tuple[ctypes.CDLL | None, str]:
     if not _wanted():
         return None, f"off ({ENV}=off): torch ops"
+    variants = _variants()
     cc = _compiler()
     if cc is None:
         return None, "unavailable (no C compiler: install one, or set CC to one): torch ops"
+    march = os.environ.get(MARCH_ENV, "").strip()
+    if march and (missing := _missing_extensions(cc, march)):
+        return None, f"unavailable ({MARCH_ENV}={march} needs {', '.join(missing)}, which this CPU lacks): torch ops"
     try:
-        path, extra = _build(cc)
+        path, extra = _build(cc, variants)
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         return None, f"unavailable ({exc}): torch ops"
     try:
