@@ -28,6 +28,9 @@ def _finished(out: Path) -> dict[str, int]:
 def test_quick_demo_resumes_after_sigkill_and_writes_a_checked_report(tmp_path: Path) -> None:
     import matplotlib.image as mpimg
 
+    from loopscale.model import cpu_kernels
+
+    cpu_kernels.library()  # built once in the session's cache, not by both slot workers at once
     out = tmp_path / "demo"
     proc = _demo(out)
     t0 = time.time()
