@@ -35,7 +35,10 @@ class StopSignals:
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
             for sig in self.signals:
-                self._old[sig] = signal.signal(sig, self._handle)
+                self._old[sig] = old = signal.signal(sig, self._handle)
+                outer = getattr(old, "__self__", None)
+                if isinstance(outer, StopSignals) and outer.caught is not None and self.caught is None:
+                    self.caught = outer.caught  # a stop the enclosing handler caught before this one was installed
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
@@ -46,16 +49,21 @@ class StopSignals:
 
     def __exit__(self, *exc: Any) -> None:
         for sig, old in self._old.items():
-            # Once a stop was caught the process is winding down (checkpoint, events, lock): a repeated stop
-            # signal must not kill it half-way, as a default action would. Repeats come: a tethered sweep
-            # worker gets SIGTERM once per thread of its killed sweep (the kernel re-sends PR_SET_PDEATHSIG
-            # each time the thread it was handed to exits), and SLURM repeats its SIGTERM.
-            signal.signal(sig, _ignore_repeat if self.caught is not None and old == signal.SIG_DFL else old)
+            signal.signal(sig, old)
         self._old.clear()
 
 
-def _ignore_repeat(signum: int, frame: Any) -> None:
-    """A stop signal after the one already being acted on: nothing more to do."""
+def worker_process() -> StopSignals:
+    """The outer handler of a process that trains one run for a sweep (``sweep run-one``, a CPU slot's worker).
+
+    The trainer's own handler is restored when it leaves its loop, and the worker still has books to keep
+    (the interrupted event, the release of the run's lock). A repeated stop signal must not kill it there,
+    as the default action would, and repeats come: a tethered worker gets SIGTERM once per thread of its
+    killed sweep (the kernel re-sends ``PR_SET_PDEATHSIG`` each time the thread it was handed to exits), and
+    SLURM may signal twice. Under this handler a repeat only sets a flag; a stop caught before the trainer
+    installs its handler reaches the trainer (``__enter__``), which checkpoints at its next step and stops.
+    """
+    return StopSignals(STOP_OR_WARN)
 
 
 def second_ctrl_c_stops_at_once(signum: int, first: bool) -> None:

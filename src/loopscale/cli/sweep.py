@@ -187,11 +187,13 @@ def run_one(
     max_retries: int = typer.Option(2, "--max-retries"),
 ) -> None:
     """Worker: train one run of a sweep dir with the sweep's bookkeeping (used by --isolate and GPU slots)."""
+    from loopscale.signals import worker_process
     from loopscale.sweep.execute import execute_run
     from loopscale.sweep.executor import SweepIncomplete
     from loopscale.sweep.store import open_store
 
-    outcome = execute_run(open_store(sweep_dir), run_id, max_retries=max_retries, executor="local-worker")
+    with worker_process():  # a repeated SIGTERM cannot kill it between its checkpoint and its lock's release
+        outcome = execute_run(open_store(sweep_dir), run_id, max_retries=max_retries, executor="local-worker")
     if outcome in ("failed", "retry"):
         raise SweepIncomplete(f"{run_id}: {outcome}")
 

@@ -148,6 +148,9 @@ def _build(cc: str, variants: tuple[tuple[str, ...], ...]) -> tuple[Path, tuple[
         target = cache_dir() / "kernels" / f"cpu_kernels-{key}.so"
         if target.is_file():
             return target, extra
+        march = os.environ.get(MARCH_ENV, "").strip()  # checked when building: a cached build passed it
+        if march and (missing := _missing_extensions(cc, march)):
+            raise RuntimeError(f"{MARCH_ENV}={march} needs {', '.join(missing)}, which this CPU lacks")
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".cpu_kernels.", suffix=".so", dir=target.parent)
         os.close(fd)
@@ -170,9 +173,6 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     cc = _compiler()
     if cc is None:
         return None, "unavailable (no C compiler: install one, or set CC to one): torch ops"
-    march = os.environ.get(MARCH_ENV, "").strip()
-    if march and (missing := _missing_extensions(cc, march)):
-        return None, f"unavailable ({MARCH_ENV}={march} needs {', '.join(missing)}, which this CPU lacks): torch ops"
     try:
         path, extra = _build(cc, variants)
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:

@@ -41,6 +41,7 @@ def serve(sweep_dir: str, max_retries: int) -> None:
     """Train each run id read from stdin; report its outcome on the (private) control channel."""
     control = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # stray prints between runs must not reach the control channel
+    from loopscale.signals import worker_process
     from loopscale.sweep.execute import execute_run
     from loopscale.sweep.store import open_store
     from loopscale.train import RunInterrupted
@@ -52,7 +53,7 @@ def serve(sweep_dir: str, max_retries: int) -> None:
             continue
         store.run_dir(run_id).mkdir(parents=True, exist_ok=True)
         try:
-            with output_to(store.run_dir(run_id) / "worker.log"):
+            with output_to(store.run_dir(run_id) / "worker.log"), worker_process():
                 outcome = execute_run(store, run_id, max_retries=max_retries, executor="local-worker")
         except RunInterrupted as e:  # checkpointed; the sweep reads the run's state
             sys.exit(e.exit_code)
