@@ -75,7 +75,7 @@ def run_app(argv: list[str] | None = None) -> int:
     """Run the CLI; user errors become one line on stderr and exit status 2."""
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     try:
-        app(args=argv, standalone_mode=False)
+        code = app(args=argv, standalone_mode=False)
     except LoopscaleError as err:
         if debug:
             raise
@@ -92,4 +92,11 @@ def run_app(argv: list[str] | None = None) -> int:
         if isinstance(exc, _click_types("Abort")):
             return 1
         raise
+    # Not standalone, typer returns the code of an Exit instead of raising it, and turns a KeyboardInterrupt
+    # that no command caught into Exit(130): a Ctrl-C in fit, report, export or collect must not exit 0.
+    # (Commands return None.)
+    if isinstance(code, int) and not isinstance(code, bool) and code != 0:
+        if code == 130:
+            err_console.print("interrupted")
+        return code
     return 0
