@@ -59,9 +59,10 @@ def worker_process() -> StopSignals:
     The trainer's own handler is restored when it leaves its loop, and the worker still has books to keep
     (the interrupted event, the release of the run's lock). A repeated stop signal must not kill it there,
     as the default action would, and repeats come: a tethered worker gets SIGTERM once per thread of its
-    killed sweep (the kernel re-sends ``PR_SET_PDEATHSIG`` each time the thread it was handed to exits), and
-    SLURM may signal twice. Under this handler a repeat only sets a flag; a stop caught before the trainer
-    installs its handler reaches the trainer (``__enter__``), which checkpoints at its next step and stops.
+    killed sweep (the kernel re-sends ``PR_SET_PDEATHSIG`` each time the thread it was handed to exits).
+    Under this handler a repeat only sets a flag; a stop caught before the trainer installs its handler
+    reaches the trainer (``__enter__``), which checkpoints at its next step and stops. One caught after the
+    run's last step changes nothing: the run's outcome stands (a slot worker then ends with its input).
     """
     return StopSignals(STOP_OR_WARN)
 

@@ -35,9 +35,9 @@ from loopscale.io import cache_dir
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
 ENV = "LOOPSCALE_CPU_KERNELS"
-#: the instruction set the kernels are built for (``-march=VALUE``; default ``native``). The vector width
-#: changes summation order and the exp polynomial's lanes, so results differ in the last bits between,
-#: say, ``x86-64-v3`` (AVX2) and ``x86-64-v4`` (AVX-512) builds: the test suite checks both (docs/model.md).
+#: the instruction set the kernels are built for (``-march=VALUE``; default ``native``), e.g. ``x86-64-v3``
+#: (AVX2) on an AVX-512 machine: the kernels' vectors are 8 lanes whatever the instruction set, so such a
+#: build gives the native one's bits, which the test suite checks (docs/model.md, docs/testing.md).
 MARCH_ENV = "LOOPSCALE_CPU_MARCH"
 FLAGS = ("-O3", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math")
 #: tried in order until one compiles: OpenMP (torch's own thread pool) and this CPU's vector units first
