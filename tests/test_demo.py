@@ -59,7 +59,10 @@ def test_quick_demo_resumes_after_sigkill_and_writes_a_checked_report(tmp_path: 
     assert "phi" in err and "report:" in err and "(20 runs)" in " ".join(err.split())  # rich wraps lines
     plain = head["plain"]  # the plain-words headline: first in the terminal, summary.md and the page
     assert plain[0].startswith("What was measured: 20 training runs") and plain[1].startswith("Result: ")
-    assert "loop of one" in " ".join(plain) and plain[-1].startswith("For reference, the paper")
+    assert plain[2].startswith("Here r = 1 is the plain stack") and "For reference, the paper" in plain[2]
+    assert plain[3].startswith("A different quantity") and "loop of one" in plain[3] and "0.46" not in plain[3]
+    assert head["inference"]["phi"]["method"].startswith("profile likelihood")  # the record every text reads
+    assert set(head["inference"]["tests"]) >= {"phi=0", "phi=1"} and isinstance(head["claims"], list)
     md = (out / "report" / "summary.md").read_text()
     flat = " ".join(err[err.rindex("headline"):].split())
     assert all(line in md and line in flat for line in plain) and flat.index(plain[0]) < flat.index("details")

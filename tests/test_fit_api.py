@@ -177,7 +177,7 @@ def test_phi_state_replaces_none_checks() -> None:
     doc["variants"]["wide"]["law"]["params"]["phi"] = None
     res = FitResult.of(doc)
     assert res.phi_state("wide") is PhiState.UNDETERMINED and res.variant("wide").phi is None
-    assert not phi_verdict(res, "wide").identified
+    assert not phi_verdict(res, "wide").resolved
     doc["settings"]["fixed_phi"] = 0.5
     assert FitResult.of(doc).phi_state("baseline") is PhiState.FIXED
     law = JointLaw.from_params(**{**PAPER_COEFFICIENTS, "phi": None})

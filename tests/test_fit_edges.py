@@ -58,7 +58,7 @@ def test_seven_runs_fit_but_a_zero_width_ci_is_never_identified():
     doc = {"settings": {}, "reference_variant": "b", "variants": {"b": {
         "law": {"params": {"phi": 0.5468}}, "bootstrap": {"n": 10, "ci": {"phi": [0.5468, 0.5468]}}}}}
     v = phi_verdict(doc)
-    assert not v.identified and any("zero width" in r for r in v.reasons)
+    assert not v.resolved and any("zero width" in r for r in v.reasons)
 
 
 def test_a_looped_r_with_one_width_is_a_reason_not_to_claim_phi():
@@ -73,7 +73,7 @@ def test_one_looped_r_without_r1_is_not_identified_and_warned(capsys):
     df = synthetic_runs(0.46, seed=2)
     fit = fit_runs(df[df["r"] == 4], QUICK)
     v = phi_verdict(fit)
-    assert not v.identified and any("confounded with A" in r for r in v.reasons)
+    assert not v.resolved and any("confounded with A" in r for r in v.reasons)
     assert any("one looped r (4) and no r = 1" in w for w in fit["warnings"])
 
 
@@ -106,13 +106,13 @@ def test_fit_plan_and_json_print_the_reports_verdict(tmp_path, capsys):
     assert run_app(args) == 0
     out = capsys.readouterr().out
     v = phi_verdict(read_fit(tmp_path / "fit.json"))
-    assert not v.identified and "not identified, because" in out
+    assert not v.resolved and "not resolved, because" in out
     assert run_app([*args, "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["variants"]["baseline"]["verdict"]["identified"] is False
+    assert summary["variants"]["baseline"]["verdict"]["resolved"] is False
     assert summary["variants"]["baseline"]["verdict"]["reasons"] == v.reasons
     assert run_app(["plan", "-C", "1e19", "--fit", str(tmp_path / "fit.json"), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["verdict"]["identified"] is False
+    assert json.loads(capsys.readouterr().out)["verdict"]["resolved"] is False
     from loopscale.report import phi_verdict as report_verdict
 
     assert report_verdict is phi_verdict  # the report's headline is the same function

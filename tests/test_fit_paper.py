@@ -65,12 +65,20 @@ def test_published_coefficients_reproduce_the_abstracts_410m_looped_example():
     assert matmul == pytest.approx(6 * (n_cost + accounting.N_head(cfg)), rel=1e-12)
 
 
-def test_paper_plan_prefers_wider_models_and_fewer_tokens_per_parameter_as_r_grows():
+def test_paper_plan_prefers_wider_layers_fewer_unique_params_and_more_tokens_per_unique_param_as_r_grows():
+    """The allocation caption (report/render.py), number by number."""
     law = JointLaw.from_params(**PAPER_COEFFICIENTS)
     rows = plan(1e19, law=law, phi_ci=(0.41, 0.53))
     assert [row["r"] for row in rows] == [1, 2, 4, 8]
     widths = [row["d_opt_continuous"] for row in rows]
-    assert widths == sorted(widths)  # looped models prefer wider models (arXiv 2604.21106 §4)
+    assert widths == sorted(widths)  # looped models prefer wider layers (arXiv 2604.21106 §4) ...
+    unique = [row["N_once"] + row["N_rec"] for row in rows]
+    assert all(b < a for a, b in itertools.pairwise(unique))  # ... but fewer unique parameters
+    assert [round(n / 1e6) for n in unique] == [476, 344, 231, 205]
+    tpp = [row["tokens_per_param"] for row in rows]
+    assert all(t > tpp[0] for t in tpp[1:]) and round(tpp[0], 1) == 5.5 and round(tpp[-1], 1) == 9.1
+    per_cost = [row["D"] / row["N_cost"] for row in rows]  # tokens per cost-equivalent parameter fall
+    assert all(b < a for a, b in itertools.pairwise(per_cost)) and round(per_cost[-1], 1) == 2.6
     gaps = [row["gap_to_r1"] for row in rows]
     assert gaps[0] == 0 and all(b > a for a, b in itertools.pairwise(gaps))
     # the paper's matched-compute gap at r = 8 is 0.09-0.12 nats; the law gives the same size

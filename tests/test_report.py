@@ -170,7 +170,7 @@ def test_identified_phi_is_the_headline_with_its_ci(report):
     out, index = report
     doc = json.loads((out.parent / "fit.json").read_text())
     v = phi_verdict(doc)
-    assert v.identified and v.label.startswith("φ = ") and v.ci is not None
+    assert v.resolved and v.label.startswith("φ = ") and v.ci is not None
     text = index.read_text(encoding="utf-8")
     assert v.label in text and NOT_IDENTIFIED not in text
     assert "tbptt" in text and "Δφ" in text  # the probe's Delta-phi
@@ -194,7 +194,7 @@ def test_the_report_writes_headline_json_with_the_same_sentences_and_verdicts(re
     assert h["plain"] and all(line.split(".")[0] in md for line in h["plain"])
     doc = json.loads((out.parent / "fit.json").read_text())
     v = phi_verdict(doc)
-    assert h["verdict"] == v.label and h["identified"] == v.identified and h["phi"] == v.phi
+    assert h["verdict"] == v.label and h["resolved"] == v.resolved and h["phi"] == v.phi
     assert "tbptt" in h["variants"] and h["report"] == str(index)
 
 
@@ -234,8 +234,17 @@ def test_pure_noise_table_is_labelled_not_identified():
     runs["val_loss"] = 2.6 + 0.15 * np.random.default_rng(0).standard_normal(len(runs))
     settings = FitSettings(restarts=40, bootstrap=8, restricted=(), per_r=False, checks=False)
     v = phi_verdict(fit_runs(runs, settings))
-    assert not v.identified and v.label == NOT_IDENTIFIED
+    assert not v.resolved and v.label == NOT_IDENTIFIED
     assert any("R² = " in r for r in v.reasons)
+
+
+def _doctor(rec, phi=None, ci=None):
+    """Set phi and its interval by hand: the record then reads as a fit file without the calibrated inference."""
+    rec.pop("inference", None)
+    if phi is not None:
+        rec["law"]["params"]["phi"] = phi
+    if ci is not None:
+        rec["bootstrap"]["ci"]["phi"] = ci
 
 
 def test_phi_at_a_bound_or_with_a_wide_ci_is_not_identified(report):
@@ -243,28 +252,29 @@ def test_phi_at_a_bound_or_with_a_wide_ci_is_not_identified(report):
     at_bound = copy.deepcopy(doc)
     at_bound["variants"]["baseline"]["law"]["at_bounds"] = ["phi"]
     v = phi_verdict(at_bound)
-    assert not v.identified and any("bound" in r for r in v.reasons)
+    assert not v.resolved and any("bound" in r for r in v.reasons)
     wide = copy.deepcopy(doc)
-    wide["variants"]["baseline"]["bootstrap"]["ci"]["phi"] = [-0.2, 0.9]
+    _doctor(wide["variants"]["baseline"], ci=[-0.2, 0.9])
     v = phi_verdict(wide)
-    assert not v.identified and any("1.10 wide" in r for r in v.reasons)
+    assert not v.resolved and any("1.10 wide" in r for r in v.reasons)
     no_boot = copy.deepcopy(doc)
     no_boot["variants"]["baseline"]["bootstrap"] = {"n": 0}
+    no_boot["variants"]["baseline"].pop("inference")
     v = phi_verdict(no_boot)
-    assert v.identified and "uncertainty not estimated" in v.label
+    assert v.resolved and "uncertainty not estimated" in v.label
 
 
 def test_caveats_say_where_phi_and_its_ci_sit_against_0_and_1(report):
     doc = json.loads((report[0].parent / "fit.json").read_text())
     rec = doc["variants"]["baseline"]
-    rec["law"]["params"]["phi"], rec["bootstrap"]["ci"]["phi"] = 1.11, [0.96, 1.31]
+    _doctor(rec, 1.11, [0.96, 1.31])
     v = phi_verdict(doc)
-    assert v.identified and v.label == "φ = 1.110 [0.960, 1.310]"
+    assert v.resolved and v.label == "φ = 1.110 [0.960, 1.310]"
     assert any("> 1" in c for c in v.caveats) and any("includes φ = 1" in c for c in v.caveats)
     assert not any("φ = 0" in c for c in v.caveats)
-    rec["law"]["params"]["phi"], rec["bootstrap"]["ci"]["phi"] = 0.46, [0.41, 0.53]
-    assert not [c for c in phi_verdict(doc).caveats if "φ" in c]  # the paper's result: nothing to add
-    rec["law"]["params"]["phi"], rec["bootstrap"]["ci"]["phi"] = 0.2, [-0.05, 0.4]
+    _doctor(rec, 0.46, [0.41, 0.53])
+    assert not [c for c in phi_verdict(doc).caveats if "φ" in c and "percentile" not in c]  # the paper's result
+    _doctor(rec, 0.2, [-0.05, 0.4])
     assert any("includes φ = 0" in c for c in phi_verdict(doc).caveats)
 
 
@@ -275,7 +285,7 @@ def test_refits_against_controls_are_stated_beside_the_headline(report):
 
     doc = json.loads((report[0].parent / "fit.json").read_text())
     ctrl = copy.deepcopy(doc["variants"]["baseline"])
-    ctrl["law"]["params"]["phi"], ctrl["bootstrap"]["ci"]["phi"] = 0.75, [0.59, 1.11]
+    _doctor(ctrl, 0.75, [0.59, 1.11])
     doc["variants"]["baseline@loop1"] = ctrl
     doc["variants"]["other@loop1"] = ctrl  # another recipe's refit: not this page's
     lines = control_refits(SimpleNamespace(fit=doc, variant="baseline"))
@@ -320,14 +330,16 @@ def test_phi_and_its_ci_print_the_same_in_fit_and_in_the_report(report, capsys):
     summary = (out / "summary.md").read_text(encoding="utf-8")
     page = (out / "index.html").read_text(encoding="utf-8")
     for name, rec in doc["variants"].items():
-        value, ci = rec["law"]["params"]["phi"], rec["bootstrap"]["ci"]["phi"]
+        value, ci = rec["law"]["params"]["phi"], rec["inference"]["phi"]["ci"]  # the calibrated interval
         both = phi_ci(value, ci)
         assert "[" in both and both in printed and both in summary and both in page, (name, both)
         assert phi(value) in printed and phi_interval(ci) in printed  # the table's value and CI columns
+        assert phi_interval(rec["bootstrap"]["ci"]["phi"]) + " (block bootstrap)" in printed  # secondary
         assert f"{value:.4f}" not in printed + summary  # the old four-digit φ of `fit`'s table
 
 
-def test_the_plain_headline_leads_with_the_control_fit_in_the_terminal_summary_and_page(report, tmp_path):
+def test_the_plain_headline_leads_with_the_papers_estimand_and_labels_the_control_fit_a_different_quantity(
+        report, tmp_path):
     import html
     import io
 
@@ -344,17 +356,26 @@ def test_the_plain_headline_leads_with_the_control_fit_in_the_terminal_summary_a
     runs = pd.concat([runs, loop1], ignore_index=True)
     doc = json.loads((report[0].parent / "fit.json").read_text())
     ctrl = copy.deepcopy(doc["variants"]["baseline"])
-    ctrl["law"]["params"]["phi"], ctrl["bootstrap"]["ci"]["phi"] = 0.75, [0.62, 0.93]
+    ctrl["law"]["params"]["phi"], ctrl["inference"]["phi"]["ci"] = 0.75, [0.62, 0.93]
+    ctrl["inference"]["tests"] = {"phi=0": {"value": 0.0, "p": 0.001, "rejected": True, "held_out_worse": True,
+                                            "ruled_out": True},
+                                  "phi=1": {"value": 1.0, "p": 0.004, "rejected": True, "held_out_worse": False,
+                                            "ruled_out": False}}
     doc["variants"]["baseline@loop1"] = ctrl
     doc["variants"]["baseline"]["law"]["at_bounds"] = ["phi"]  # the paper-design fit ran into its bound
     ctx = ReportContext.build(load_inputs(runs, tmp_path, fit=doc, axes=small_axes_table(runs)))
     lines = plain_headline(ctx)
     assert lines[0].startswith("What was measured: ") and "r = 1, 2, 4, 8" in lines[0]
-    assert lines[1].startswith("Result: one extra pass") and "φ = 0.75" in lines[1] and "0.62 to 0.93" in lines[1]
-    assert "Identified" in lines[1] and "rules out φ = 0 and φ = 1" in lines[1]
-    assert lines[2].startswith("How this differs from the paper") and "+0.10 nats" in lines[2]
-    assert lines[3].startswith("With the paper's own definition") and "not measured precisely enough" in lines[3]
-    assert "bound" in lines[3] and lines[-1].startswith("For reference, the paper measures φ = 0.46")
+    # one estimand leads, whatever its verdict: the reference against its own (plain) r = 1 runs
+    assert lines[1].startswith("Result: not measured precisely enough") and "bound" in lines[1]
+    assert lines[2].startswith("Here r = 1 is the plain stack") and "loop of one over all 20" in lines[2]
+    assert "For reference, the paper measures φ = 0.46" in lines[2]
+    # the control fit: a different quantity, its claims from the tests, never beside the paper's 0.46
+    assert lines[3].startswith("A different quantity") and "φ = 0.75" in lines[3] and "0.62 to 0.93" in lines[3]
+    assert "rules out φ = 0" in lines[3] and "rules out φ = 1" not in lines[3]
+    assert "cannot tell φ = 1 apart from the fit" in lines[3] and "0.46" not in lines[3]
+    assert lines[4].startswith("What the control measures") and "+0.10 nats" in lines[4]
+    assert "not the paper's estimand" in lines[4] and "0.46" not in lines[4]
     assert np.allclose(list(structure_tax(runs, "baseline", "loop1").values()), 0.1)
 
     md = render_markdown(ctx, [], [], [])  # what summary.md and index.html open with (figures: other tests)

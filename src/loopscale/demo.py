@@ -170,18 +170,26 @@ def _headline(fit: dict[str, Any], runs: Any, ev: dict[str, Any], index: Path, w
     others = {}
     for name, o in verdicts(res).items():
         if name != ref:
-            others[name] = {"phi": o.phi, "phi_ci": list(o.ci) if o.ci else None, "identified": o.identified,
-                            "verdict": o.label, "reasons": o.reasons, "caveats": o.caveats}
+            others[name] = {"phi": o.phi, "phi_ci": list(o.ci) if o.ci else None, "resolved": o.resolved,
+                            "verdict": o.label, "reasons": o.reasons, "caveats": o.caveats, "claims": o.claims,
+                            "inference": _brief(res.variant(name).inference)}
     return {
-        "phi": verdict.phi, "phi_ci": list(verdict.ci) if verdict.ci else None, "identified": verdict.identified,
-        "verdict": verdict.label, "reasons": verdict.reasons, "caveats": verdict.caveats,
+        "phi": verdict.phi, "phi_ci": list(verdict.ci) if verdict.ci else None, "resolved": verdict.resolved,
+        "verdict": verdict.label, "reasons": verdict.reasons, "caveats": verdict.caveats, "claims": verdict.claims,
+        "inference": _brief(v.inference),
         "r2": v.metrics.r2, "restricted": {k: r["r2"] for k, r in v.restricted.items()},
         "delta_phi": {d.variant: d.delta_phi for d in res.delta_phi},
+        "delta_phi_inference": {d.variant: _brief(d.inference) for d in res.delta_phi if d.inference},
         "loss_gap_to_r1": gaps,
         "variants": others,
         "axes": {a: {r: sum(x) / len(x) for r, x in sorted(per.items())} for a, per in axes.items()},
         "report": str(index), "wall_s": wall,
     }
+
+
+def _brief(inference: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The fit file's inference record without the profile's grid (the numbers every sentence uses)."""
+    return None if inference is None else {k: v for k, v in inference.items() if k != "profile"}
 
 
 def _print_headline(con: Console, h: dict[str, Any], axes: Any = None) -> None:
@@ -193,10 +201,13 @@ def _print_headline(con: Console, h: dict[str, Any], axes: Any = None) -> None:
     con.print(_rich("[bold]details"))
     ci = h.get("phi_ci")
     phi = h.get("phi")
-    con.print(f"  paper design: phi = {phi_ci(phi, ci)}" if phi is not None else "  paper design: no fit",
+    con.print(f"  paper design (plain r = 1): phi = {phi_ci(phi, ci)}" if phi is not None
+              else "  paper design: no fit",
               highlight=False, markup=False)
     con.print(f"    {h.get('verdict')}" + (f" ({'; '.join(h['reasons'])})" if h.get("reasons") else ""),
               highlight=False, markup=False)
+    for c in h.get("claims") or []:
+        con.print(f"    {c}", highlight=False, markup=False)
     if h.get("caveats"):
         con.print(f"    {'; '.join(h['caveats'])}", highlight=False, markup=False)
     if h.get("restricted"):
@@ -205,9 +216,11 @@ def _print_headline(con: Console, h: dict[str, Any], axes: Any = None) -> None:
     for name, o in (h.get("variants") or {}).items():
         est = "" if o.get("phi") is None else f"phi = {phi_ci(o['phi'], o.get('phi_ci'))}"
         line = f"  {name}: {est}" + (" - " if est else "")
-        line += "identified" if o["identified"] else o["verdict"]
+        line += "resolved" if o["resolved"] else o["verdict"]
         con.print(line + (f" ({'; '.join(o['reasons'])})" if o.get("reasons") else ""), highlight=False,
                   markup=False)
+        for c in o.get("claims") or []:
+            con.print(f"    {c}", highlight=False, markup=False)
         if o.get("caveats"):
             con.print(f"    {'; '.join(o['caveats'])}", highlight=False, markup=False)
     for k, v in (h.get("delta_phi") or {}).items():

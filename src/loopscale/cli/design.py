@@ -182,7 +182,7 @@ def _print(sp: Any, grid: Any, res: Any, rows: list[Any], best: Any, target: flo
     t.add_row("P(CI excludes φ = 0)", _pct(res.reject_0), "a recurrence adds nothing: rejected")
     t.add_row("P(CI excludes φ = 1)", _pct(res.reject_1), "a recurrence is worth a block: rejected")
     t.add_row("P(φ̂ at its box)", _pct(res.at_bound), "")
-    t.add_row("P(verdict: identified)", _pct(res.identified), "CI ≤ 0.5 wide, off the box (fit/verdict.py)")
+    t.add_row("P(verdict: resolved)", _pct(res.identified), "CI ≤ 0.5 wide, off the box (fit/verdict.py)")
     console.print(t)
     if res.bracketed:
         rs = sorted({int(k.split("|")[1]) for k in res.bracketed})

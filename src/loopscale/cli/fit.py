@@ -52,7 +52,10 @@ def fit(
                                       "several are fitted as one (e.g. one sweep per seed)."),
     seed_means: bool = typer.Option(False, "--seed-means", help="Fit the mean loss of each design point over its "
                                     "seeds, not every run as a point."),
-    bootstrap: int = typer.Option(200, "--bootstrap", "-b", help="Block-bootstrap resamples (0: off)."),
+    bootstrap: int = typer.Option(200, "--bootstrap", "-b", help="Block-bootstrap resamples for the secondary "
+                                  "percentile intervals (0: off)."),
+    lr_draws: int = typer.Option(2000, "--lr-draws", help="Wild-bootstrap tables calibrating φ's and Δφ's "
+                                 "profile-likelihood intervals and tests (0: off; docs/fit.md, 'Inference')."),
     restarts: int = typer.Option(500, "--restarts", help="Random starts in the paper's box."),
     variant: list[str] = typer.Option([], "--variant", "-v", help="Variant(s) to fit (default: all)."),
     r1_from: str | None = typer.Option(None, "--r1-from", help="Also fit each variant V as V@CONTROL, against "
@@ -117,6 +120,7 @@ def fit(
         fixed_phi=fix_phi,
         restarts=restarts,
         bootstrap=bootstrap,
+        lr_draws=lr_draws,
         ci_level=ci,
         seed=seed,
         restricted=(0.0, 1.0) if restricted else (),
@@ -200,16 +204,20 @@ def _verdicts(result: Any) -> dict[str, Any]:
 
 
 def _phi_line(v: Any) -> str:
-    """φ with its CI as the report prints it, then the verdict: "φ = 0.461 [0.410, 0.530], identified"."""
+    """φ with its interval as the report prints it, then the verdict: "φ = 0.461 [0.410, 0.530], resolved: ..."."""
     return ("φ " if v.phi is None else f"φ = {phi_ci(v.phi, v.ci)}, ") + v.sentence
 
 
 def _print_verdicts(result: dict[str, Any]) -> None:
-    """The same verdict the report shows: "identified" or "not identified, because ..."."""
+    """The same verdict the report shows: "resolved" or "not resolved, because ..."."""
     for name, v in _verdicts(result).items():
-        colour = "green" if v.identified else "bold red"
+        colour = "green" if v.resolved else "bold red"
         console.print(f"[{colour}]{escape(name)}: {escape(_phi_line(v))}[/]", highlight=False, soft_wrap=True,
                       markup=True)
+        if v.ci is not None:
+            console.print(f"  interval: {escape(v.method)}, {v.ci_level:.0%}", highlight=False, soft_wrap=True)
+        for c in v.claims:
+            console.print(f"  {escape(c)}", highlight=False, soft_wrap=True)
         for c in v.caveats:
             console.print(f"  caveat: {escape(c)}", highlight=False, soft_wrap=True)
 
@@ -280,7 +288,12 @@ def _print_fit(result: dict[str, Any], markdown: bool) -> None:
         phi_cell = "undetermined (no r > 1 runs)" if state is PhiState.UNDETERMINED else phi_txt(p.phi)
         if state is PhiState.FIXED:
             phi_cell += " (fixed)"
-        t.add_row("phi", phi_cell, phi_interval(cis.get("phi")))
+        prof = ((rec.inference or {}).get("phi") or {}).get("ci")
+        if prof is not None:  # the calibrated interval first; the block bootstrap's below it (secondary)
+            t.add_row("phi", phi_cell, phi_interval(prof) + " (profile)")
+            t.add_row("", "", phi_interval(cis.get("phi")) + " (block bootstrap)")
+        else:
+            t.add_row("phi", phi_cell, phi_interval(cis.get("phi")))
         for k in ("alpha", "beta", "E", "A", "B"):
             t.add_row(k, num(getattr(p, k)), interval(cis.get(k)))
         t.add_row("R^2 (raw nats)", num(rec.metrics.r2), "")
@@ -323,13 +336,18 @@ def _print_fit(result: dict[str, Any], markdown: bool) -> None:
         console.print(t)
     _print_frontier(result, style, level)
     if result["delta_phi"]:
-        t = Table(title="Delta-phi (variant - reference), paired block bootstrap", box=style)
-        for c in ("variant", "reference", "Delta-phi", level, "P(Delta-phi > 0)"):
+        t = Table(title="Delta-phi (variant - reference): profile interval and test, paired wild bootstrap",
+                  box=style)
+        for c in ("variant", "reference", "Delta-phi", level, "p (Delta-phi = 0)", "block bootstrap"):
             t.add_column(c, justify="right")
         for d in result["delta_phi"]:
-            frac = MISSING if d["fraction_above_zero"] is None else f"{d['fraction_above_zero']:.2f}"
+            inf = d.get("inference") or {}
+            test = (inf.get("tests") or {}).get("delta_phi=0") or {}
+            p = MISSING if test.get("p") is None else f"{test['p']:.3g}"
+            sec = (inf.get("secondary") or {}).get("ci") if inf else d["ci"]
             t.add_row(d["variant"], d["reference"], signed(d["delta_phi"], PHI_DIGITS),
-                      interval(d["ci"], PHI_DIGITS, is_signed=True), frac)
+                      interval(d["ci"], PHI_DIGITS, is_signed=True) if inf else MISSING, p,
+                      interval(sec, PHI_DIGITS, is_signed=True) if sec else MISSING)
         console.print(t)
 
 
@@ -480,9 +498,9 @@ def plan(
         )
     console.print(t)
     if verdict is not None:
-        colour = "green" if verdict.identified else "bold red"
+        colour = "green" if verdict.resolved else "bold red"
         console.print(f"[{colour}]{escape(_phi_line(verdict))}[/]", highlight=False, soft_wrap=True, markup=True)
-        if not verdict.identified:
+        if not verdict.resolved:
             console.print("the looped rows rest on a φ the fit does not pin down; treat their losses as "
                           "unknown", highlight=False)
     kinds = {row["ci_kind"] for row in rows if row["ci_kind"]}

@@ -43,7 +43,7 @@ def report(
 
     doc = read_fit(fit_file if fit_file is not None else out / "fit.json")
     v = phi_verdict(doc)
-    colour = "green" if v.identified else "bold red"
+    colour = "green" if v.resolved else "bold red"
     console.print(f"[{colour}]{escape(v.label)}[/]", markup=True, highlight=False)
     for reason in v.reasons:
         console.print(f"  - {reason}", highlight=False)

@@ -21,6 +21,7 @@ import pandas as pd
 from loopscale import grids
 from loopscale.errors import ConfigError
 from loopscale.fit import checks as checks_mod
+from loopscale.fit import inference as inference_mod
 from loopscale.fit import optima
 from loopscale.fit.bootstrap import cell_counts, percentile_ci, refit_batch
 from loopscale.fit.formula import COEFFICIENTS, LawData, params_to_theta, r_power, theta_to_params
@@ -60,6 +61,7 @@ class FitSettings:
     polish: int = 8
     bootstrap: int = PAPER_BOOTSTRAP
     bootstrap_random_starts: int = 8
+    lr_draws: int = 2000  # wild-bootstrap tables calibrating the profile-likelihood interval and tests (0: off)
     ci_level: float = 0.95
     seed: int = 0
     restricted: tuple[float, ...] = (0.0, 1.0)
@@ -77,6 +79,8 @@ class FitSettings:
                           names=_FLAGS)
         if self.bootstrap < 0:
             raise ConfigError("--bootstrap", "expected 0 (off) or a number of resamples", value=self.bootstrap)
+        if self.lr_draws < 0 or 0 < self.lr_draws < 100:
+            raise ConfigError("--lr-draws", "expected 0 (off) or at least 100 bootstrap tables", value=self.lr_draws)
         if not 0 < self.ci_level < 1:
             raise ConfigError("--ci", "expected a level between 0 and 1", value=self.ci_level)
 
@@ -184,6 +188,10 @@ def fit_runs(
     # cells are 0..K-1 (pd.factorize); one (B, K) draw of cell counts serves every variant (paired).
     counts = cell_counts(int(cells.max()) + 1, settings.bootstrap, np.random.default_rng(settings.seed))
     W_all = counts[:, cells]
+    # one wild-bootstrap draw per cell, shared by every variant (paired, as the block bootstrap's counts)
+    V_all = inference_mod.webb_weights(int(cells.max()) + 1, settings.lr_draws,
+                                       np.random.default_rng([settings.seed, 1]))
+    inf_state: dict[str, inference_mod.VariantInference] = {}
 
     budgets = sorted(set(budget_values(df_all))) if "C" in df_all.columns else list(grids.PAPER_BUDGETS)
     template = dict(settings.template)
@@ -284,6 +292,8 @@ def fit_runs(
             boot["converged_fraction"] = float(fits.converged.mean())
             boot["phi_undetermined_draws"] = int(np.sum(~np.isfinite(P["phi"]))) if not law.phi_undetermined else None
             boot["ci"] = {k: percentile_ci(x, settings.ci_level) for k, x in {**P, **D}.items()}
+            boot["at_bounds"] = _at_bounds_counts(fits.theta, law.bounds(), law.phi is None)
+            boot["data_rule_draws"] = _data_rule_draws(W, vdf["r"].to_numpy(int))
             boot["draws"] = {
                 **{k: x for k, x in P.items()},
                 "objective": fits.objective,
@@ -306,27 +316,41 @@ def fit_runs(
                     "undetermined or confounded with A, so held-out comparisons of φ = 0 / 1 rest on the "
                     "top-budget extrapolation alone"
                 )
+        if settings.lr_draws and law.phi_identifiable_ and settings.fixed_phi is None:
+            say(f"[{v}] inference: profile of φ, {settings.lr_draws} wild-bootstrap tables")
+            state = inference_mod.VariantInference.run(
+                law, LawData.from_frame(vdf), cells[mask], V_all, settings.loss, settings.delta, settings.seed)
+            inf_state[v] = state
+            rec["inference"] = state.record(settings.ci_level, rec, boot, tuple(settings.restricted),
+                                             paper=not is_control_refit(v))
+            if settings.checks:
+                _held_out_of_rejected(rec, law, vruns, settings)
         out_variants[v] = rec
 
     delta_phi = []
     for v in variants:
-        if v == ref or v not in phi_draws or ref not in phi_draws or is_control_refit(v):
+        if v == ref or is_control_refit(v) or not ((v in phi_draws and ref in phi_draws) or
+                                                   (v in inf_state and ref in inf_state)):
             continue
         a, b = out_variants[ref]["law"]["params"]["phi"], out_variants[v]["law"]["params"]["phi"]
         if a is None or b is None:
             continue
-        d = phi_draws[v] - phi_draws[ref]
+        d = phi_draws[v] - phi_draws[ref] if v in phi_draws and ref in phi_draws else np.array([])
         finite = d[np.isfinite(d)]
-        delta_phi.append(
-            {
-                "reference": ref,
-                "variant": v,
-                "delta_phi": b - a,
-                "ci": percentile_ci(d, settings.ci_level),
-                "fraction_above_zero": float(np.mean(finite > 0)) if finite.size else None,
-                "draws": d,
-            }
-        )
+        entry: dict[str, Any] = {
+            "reference": ref,
+            "variant": v,
+            "delta_phi": b - a,
+            "ci": percentile_ci(d, settings.ci_level),
+            "fraction_above_zero": float(np.mean(finite > 0)) if finite.size else None,
+            "draws": d,
+        }
+        if ref in inf_state and v in inf_state:
+            say(f"[{v}] inference: Δφ against {ref}")
+            entry["inference"] = inference_mod.delta_record(inf_state[ref], inf_state[v], settings.ci_level, d)
+            entry["ci"] = entry["inference"]["ci"]
+            entry["secondary_ci"] = percentile_ci(d, settings.ci_level)
+        delta_phi.append(entry)
 
     return {
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -376,6 +400,39 @@ def _law_variants(law: JointLaw, vruns: Any, settings: FitSettings, say: Callabl
         if settings.checks:
             out[name]["held_out"] = checks_mod.run_checks(tl, vruns, restarts=restarts, split=False)["held_out"]
     return out
+
+
+def _held_out_of_rejected(rec: dict[str, Any], law: JointLaw, vruns: Any, settings: FitSettings) -> None:
+    """A rejected phi = x without a restricted fit (the paper's 0.46): fit it and run the held-out checks, so
+    "rules out" can rest on both the test and the held-out error (docs/fit.md, "Claims")."""
+    free_held = (rec.get("checks") or {}).get("held_out")
+    for t in rec["inference"]["tests"].values():
+        if not t["rejected"] or t["held_out_worse"] is not None:
+            continue
+        rl = settings.law(phi=t["value"], restarts=max(settings.checks_restarts, 50)).fit(
+            vruns, extra_starts=law.theta_[None])
+        held = checks_mod.run_checks(rl, vruns, restarts=settings.checks_restarts, split=False)["held_out"]
+        t["held_out"] = held
+        t["held_out_worse"] = inference_mod.held_out_worse(free_held, held)
+        t["ruled_out"] = bool(t["held_out_worse"])
+
+
+def _at_bounds_counts(theta: np.ndarray, bounds: Any, phi_free: bool) -> dict[str, int]:
+    """Per coefficient: bootstrap draws whose optimum sits at its box bound."""
+    from loopscale.fit.formula import PARAMS
+
+    span = bounds.upper - bounds.lower
+    at = (theta <= bounds.lower + 1e-6 * span) | (theta >= bounds.upper - 1e-6 * span)
+    names = {"a": "A", "b": "B", "e": "E"}
+    return {names.get(p, p): int(at[:, k].sum()) for k, p in enumerate(PARAMS) if phi_free or p != "phi"}
+
+
+def _data_rule_draws(W: np.ndarray, r: np.ndarray) -> dict[str, int]:
+    """Block-bootstrap draws without an r = 1 run, and draws missing some r the table has."""
+    rs = np.unique(r)
+    has = np.stack([(W[:, r == k] > 0).any(axis=1) for k in rs], axis=1)
+    no_r1 = int((~has[:, list(rs).index(1)]).sum()) if 1 in rs else 0
+    return {"no_r1": no_r1, "missing_r": int((~has.all(axis=1)).sum())}
 
 
 def _theta_of(minimum: dict[str, Any]) -> np.ndarray:

@@ -14,7 +14,9 @@ real fitter (``law.multistart`` + the block bootstrap of ``bootstrap.refit_batch
 Reported (:func:`simulate`): mean CI width of phi, bias and spread of phi-hat, coverage of the true
 phi, P(the CI excludes 0), P(the CI excludes 1), the share of fits whose phi ended at its box, and
 per (C, r) cell the probability that the empirical optimum is bracketed by the widths, and the share
-of simulated fits the verdict would call identified (its CI-width and box rules: fit/verdict.py).
+of simulated fits the verdict would call resolved (its CI-width and box rules: fit/verdict.py) - from
+the percentile interval; the fit quotes the calibrated one, whose coverage bench/inference_coverage.py
+measures (docs/fit.md, "Inference").
 
 Where it is cheaper than `loopscale fit` (stated in every result): ``restarts`` random starts per
 simulated fit (default 100, not 500: the restart check of docs/fit.md finds the same optimum from
@@ -232,7 +234,7 @@ class DesignResult:
     reject_0: float
     reject_1: float
     at_bound: float
-    identified: float = float("nan")  # share the verdict would call identified (CI width, box; fit/verdict.py)
+    identified: float = float("nan")  # share the verdict would call resolved (CI width, box; fit/verdict.py)
     bracketed: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
 

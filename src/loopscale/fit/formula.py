@@ -18,7 +18,7 @@ so they agree to the last bit).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import IntEnum, StrEnum
 from typing import Any
 
@@ -162,7 +162,17 @@ class LawData:
         return cls.from_arrays(df["N_once"], df["N_rec"], df["D"], df["r"], df["val_loss"])
 
     def __len__(self) -> int:
-        return len(self.y)
+        return len(self.N_once)
+
+    def with_y(self, y: np.ndarray) -> LawData:
+        """The same runs with other observations: ``y`` (S, n) is one row of log losses per fit, so a
+        batch of fits can each see its own simulated table (the wild bootstrap of ``fit.inference``)."""
+        y = np.asarray(y, dtype=float)
+        return replace(self, y=y, L=np.exp(y))
+
+    def take(self, idx: np.ndarray) -> LawData:
+        """The fits ``idx`` of a batch (``with_y``); unbatched data is shared by every fit."""
+        return self if self.y.ndim == 1 else replace(self, y=self.y[idx], L=self.L[idx])
 
     @property
     def phi_identifiable(self) -> bool:

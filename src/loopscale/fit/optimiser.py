@@ -168,7 +168,9 @@ def lm_batch(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Batched projected Levenberg-Marquardt on the IRLS form of the objective.
 
-    theta (S, 6) starts, weights (S, n). Returns end points (S, 6) and their objectives (S,).
+    theta (S, 6) starts, weights (S, n). Returns end points (S, 6) and their objectives (S,). ``data`` may
+    carry one row of observations per start (``LawData.with_y``). A slot not in ``free`` keeps each start's
+    own value, so one batch can hold phi fixed at a different value per start (a profile).
     """
     theta = np.clip(np.array(theta, dtype=float), bounds.lower, bounds.upper)
     S = len(theta)
@@ -197,7 +199,7 @@ def lm_batch(
                 step = -(np.linalg.pinv(A) @ gs[..., None])[..., 0]
         step = np.where(np.isfinite(step), step, 0.0)
         new = np.clip(theta[idx] + step, bounds.lower, bounds.upper)
-        fn, gn, Hn = objective(new, data, weights[idx], loss=loss, delta=delta, hess=True)
+        fn, gn, Hn = objective(new, data.take(idx), weights[idx], loss=loss, delta=delta, hess=True)
         better = fn < f[idx]
         gain = np.where(better, (f[idx] - fn) / np.maximum(np.abs(f[idx]), 1e-300), 0.0)
         acc = idx[better]

@@ -125,6 +125,7 @@ class VariantFit(_Record):
     bootstrap: Bootstrap = Bootstrap()
     optima: dict[str, Any] = {}
     checks: dict[str, Any] | None = None
+    inference: dict[str, Any] | None = None  # fit/inference.py's record (absent in fit files written before it)
 
     @property
     def params(self) -> Coefficients:
@@ -146,8 +147,9 @@ class DeltaPhi(_Record):
     reference: str
     variant: str
     delta_phi: float | None = None
-    ci: Any = None
+    ci: Any = None  # the calibrated interval (``inference.ci``) when present, else the paired percentile one
     fraction_above_zero: float | None = None
+    inference: dict[str, Any] | None = None
 
 
 class FitResult(_Record):

@@ -129,7 +129,7 @@ def headline_record(ctx: ReportContext, index: Path) -> dict[str, Any]:
 
     def one(v: Any) -> dict[str, Any]:
         return {"phi": v.phi, "phi_ci": list(v.ci) if v.ci else None, "ci_level": v.ci_level,
-                "identified": v.identified, "verdict": v.label, "reasons": v.reasons, "caveats": v.caveats}
+                "resolved": v.resolved, "verdict": v.label, "reasons": v.reasons, "caveats": v.caveats}
 
     return {"plain": plain_headline(ctx), "reference_variant": ctx.variant, **one(ctx.verdict),
             "variants": {name: one(v) for name, v in ctx.verdicts.items() if name != ctx.variant},

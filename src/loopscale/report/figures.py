@@ -358,7 +358,7 @@ def fig_isoflop(ctx: ReportContext) -> Figure:
 def _phi_txt(ctx: ReportContext) -> str:
     if ctx.law.phi_undetermined:
         return "undetermined"
-    return f"{ctx.law.phi_:.2f}" + ("" if ctx.verdict.identified else ", not identified")
+    return f"{ctx.law.phi_:.2f}" + ("" if ctx.verdict.resolved else ", not resolved")
 
 
 # ---- 2. compute-optimal frontier ----------------------------------------------------------------
@@ -545,7 +545,7 @@ def _phi_histogram(ax: Axes, ctx: ReportContext) -> None:
     ax.set_xlabel("φ")
     ax.set_ylabel("resamples (count)")
     ax.legend(loc="upper left", fontsize=7.5, handlelength=1.2, frameon=True, framealpha=0.85, edgecolor="none")
-    if not v.identified:
+    if not v.resolved:
         _stamp(ax)
 
 
@@ -568,7 +568,7 @@ def _stamp(ax: Axes, y: float = 0.45) -> None:
 def _probe_panel(ax: Axes, ctx: ReportContext) -> None:
     """phi per recipe with CIs on a scale from 'a repeat adds nothing' to 'worth a unique block'.
 
-    Delta-phi to the reference (and "not identified") go into the row's label, where nothing can
+    Delta-phi to the reference (and "not resolved") go into the row's label, where nothing can
     overlap them.
     """
     from loopscale.fit.paper import PAPER_COEFFICIENTS, PAPER_PHI_CI
@@ -586,9 +586,9 @@ def _probe_panel(ax: Axes, ctx: ReportContext) -> None:
             label += f"\nΔφ {d['delta_phi']:+.3f}"
             if ci_d[0] is not None:
                 label += f" [{ci_d[0]:+.2f}, {ci_d[1]:+.2f}]"
-        if vd.phi is not None and not vd.identified:
-            label += "\nnot identified"
-        rows.append((label, vd.phi, vd.ci, vd.identified, name))
+        if vd.phi is not None and not vd.resolved:
+            label += "\nnot resolved"
+        rows.append((label, vd.phi, vd.ci, vd.resolved, name))
     rows.append(("paper (for scale)", PAPER_COEFFICIENTS["phi"], PAPER_PHI_CI, True, ""))
     y = np.arange(len(rows))[::-1].astype(float)
     xs = [0.0, 1.0]
@@ -631,7 +631,7 @@ def _probe_panel(ax: Axes, ctx: ReportContext) -> None:
             fontsize=6.5,
             color="#555555",
         )
-    ax.set_xlabel("φ, 95% CI (open: not identified)")
+    ax.set_xlabel("φ, 95% CI (open: not resolved)")
     ax.grid(axis="y", visible=False)
 
 

@@ -1,4 +1,4 @@
-"""Is phi identified? The report's headline label comes from ``loopscale.fit.verdict`` (docs/report.md).
+"""Is phi resolved? The report's headline label comes from ``loopscale.fit.verdict`` (docs/report.md).
 
 The rules live in one place, ``loopscale.fit.verdict.phi_verdict``, so `loopscale fit`, `plan`, `report`
 and every ``--json`` say the same thing; this module re-exports them and adds the Δφ sentence.
@@ -34,7 +34,8 @@ __all__ = [
 
 
 def delta_phi_reading(d: dict[str, Any]) -> str:
-    """One honest sentence for a Delta-phi record of the fit file."""
+    """One honest sentence for a Delta-phi record of the fit file: the calibrated interval and the test of
+    Delta-phi = 0 when the record has them (fit/inference.py), else the paired percentile interval."""
     ci = d.get("ci")
     dphi = _f(d.get("delta_phi"))
     if dphi is None:
@@ -42,8 +43,17 @@ def delta_phi_reading(d: dict[str, Any]) -> str:
     if not ci or _f(ci[0]) is None or _f(ci[1]) is None:
         return f"Δφ = {dphi:+.3f} (no CI)"
     lo, hi = float(ci[0]), float(ci[1])
+    test = ((d.get("inference") or {}).get("tests") or {}).get("delta_phi=0")
+    head = f"Δφ = {dphi:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+    if test is not None:
+        p = _f(test.get("p"))
+        if test.get("rejected") and lo > 0:
+            return f"{head}, p = {p:.3g} for Δφ = 0: {d['variant']} raises φ (a capacity gain per repeat)"
+        if test.get("rejected") and hi < 0:
+            return f"{head}, p = {p:.3g} for Δφ = 0: {d['variant']} lowers φ (less capacity per repeat)"
+        return f"{head}, p = {p:.3g} for Δφ = 0: the data cannot tell {d['variant']}'s φ from the reference's"
     if lo > 0:
-        return f"Δφ = {dphi:+.3f} [{lo:+.3f}, {hi:+.3f}]: {d['variant']} raises φ (a capacity gain per repeat)"
+        return f"{head} (percentile): {d['variant']} raises φ (a capacity gain per repeat)"
     if hi < 0:
-        return f"Δφ = {dphi:+.3f} [{lo:+.3f}, {hi:+.3f}]: {d['variant']} lowers φ (less capacity per repeat)"
-    return f"Δφ = {dphi:+.3f} [{lo:+.3f}, {hi:+.3f}]: not distinguishable from 0 at this scale"
+        return f"{head} (percentile): {d['variant']} lowers φ (less capacity per repeat)"
+    return f"{head} (percentile): not distinguishable from 0 at this scale"

@@ -75,8 +75,9 @@ HOW_TO_READ: dict[str, str] = {
     "allocation": (
         "Left: the compute-optimal model size N* per budget; right: training tokens per parameter D*/N* "
         "there. Lines: the law's optimum over a continuous width (band: bootstrap 95%); points: the cells' "
-        "parabola minima. Looped models preferring larger unique N and fewer tokens per parameter is the "
-        "paper's finding."
+        "parabola minima. With the paper's law (`loopscale plan 1e19`), a larger r prefers wider layers but "
+        "fewer unique parameters (N* 476M, 344M, 231M, 205M for r = 1, 2, 4, 8), so D*/N* per unique parameter "
+        "rises (5.5 to 9.1); only per cost-equivalent parameter N_once + r N_rec does it fall (5.5 to 2.6)."
     ),
     "axes": (
         "Continuation loss (nats/token of the gold answer given the prompt; lower is better) on the five "
@@ -150,7 +151,7 @@ def headline(ctx: ReportContext) -> dict[str, Any]:
     p = ctx.variant_fit.params.as_dict()
     cis = ctx.variant_fit.bootstrap.ci
     facts = []
-    if not v.identified and v.phi is not None:
+    if not v.resolved and v.phi is not None:
         facts.append(f"point estimate φ̂ = {phi_ci(v.phi, v.ci)} — shown for the record, not as a finding")
     for key, name in (("alpha", "α"), ("beta", "β"), ("E", "E"), ("A", "A"), ("B", "B")):
         ci = interval(cis.get(key))
@@ -182,7 +183,7 @@ def headline(ctx: ReportContext) -> dict[str, Any]:
     dphi = [delta_phi_reading(d) + f" ({d['variant']} − {d['reference']})" for d in ctx.fit.get("delta_phi") or []]
     warnings = list(dict.fromkeys([*ctx.notes, *v.caveats, *(ctx.fit.get("warnings") or [])]))
     hs = (vf.checks or {}).get("half_split") or {}
-    if hs.get("phi_difference") is not None and v.identified and abs(hs["phi_difference"]) > 0.2:
+    if hs.get("phi_difference") is not None and v.resolved and abs(hs["phi_difference"]) > 0.2:
         warnings.append(
             f"φ moves by {hs['phi_difference']:+.2f} between the lower and upper half of the budgets: "
             "the estimate depends on scale"
@@ -190,7 +191,7 @@ def headline(ctx: ReportContext) -> dict[str, Any]:
     return {
         "plain": plain_headline(ctx),
         "label": v.label,
-        "identified": v.identified,
+        "resolved": v.resolved,
         "reasons": v.reasons,
         "controls": control_refits(ctx),
         "variant": ctx.variant,
@@ -214,7 +215,7 @@ def control_refits(ctx: ReportContext) -> list[str]:
         if name.startswith(f"{ctx.variant}{CONTROL_SEP}"):
             o = phi_verdict(ctx.fit, name)
             est = "φ undetermined" if o.phi_undetermined else f"φ̂ = {phi_ci(o.phi, o.ci)}"
-            why = f" — {NOT_IDENTIFIED} ({'; '.join(o.reasons)})" if not o.identified else " — identified"
+            why = f" — {NOT_IDENTIFIED} ({'; '.join(o.reasons)})" if not o.resolved else " — resolved"
             control = name.split(CONTROL_SEP, 1)[1]
             extra = "; ".join(c for c in o.caveats if c.startswith(("the CI", "φ =")))
             line = f"the looped runs against the r = 1 runs of '{control}' ({name}): {est}{why}"
@@ -238,7 +239,7 @@ def render_html(ctx: ReportContext, panels: list[Panel], top_tables: list[Table]
         f'<p class="sub">loopscale report · joint law L = E + A (N_once + r<sup>φ</sup> N_rec)<sup>−α</sup> + '
         f"B D<sup>−β</sup> · recipe <b>{_esc(ctx.variant)}</b> · runs: {_esc(ctx.inputs.runs.source)}</p></header>",
         '<section id="plain" class="plain">' + "".join(f"<p>{_esc(line)}</p>" for line in h["plain"]) + "</section>",
-        f'<section id="headline" class="verdict{"" if h["identified"] else " bad"}">',
+        f'<section id="headline" class="verdict{"" if h["resolved"] else " bad"}">',
         f'<p class="label">{_esc(h["label"])}</p>',
     ]
     if h["reasons"]:
@@ -307,7 +308,7 @@ def render_markdown(ctx: ReportContext, panels: list[Panel], top_tables: list[Ta
     out.append("")
     for line in h["plain"]:
         out += [line, ""]
-    if h["identified"]:
+    if h["resolved"]:
         out.append(f"## {h['label']}")
     else:
         out.append(f"## ⚠ {NOT_IDENTIFIED}")

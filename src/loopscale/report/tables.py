@@ -66,10 +66,10 @@ def coefficients_table(ctx: ReportContext) -> Table:
     rows, classes = [], []
     undetermined = ctx.variant_fit.phi_undetermined
     phi_val = "undetermined" if undetermined else phi_txt(p["phi"])
-    if not undetermined and not v.identified:
-        phi_val += " (not identified)"
+    if not undetermined and not v.resolved:
+        phi_val += " (not resolved)"
     rows.append(["φ (recurrence-equivalence exponent)", phi_val, phi_interval(cis.get("phi"))])
-    classes.append("phi" if v.identified else "phi bad")
+    classes.append("phi" if v.resolved else "phi bad")
     for key, name in (
         ("alpha", "α (size exponent)"),
         ("beta", "β (data exponent)"),
@@ -123,8 +123,8 @@ def delta_phi_table(ctx: ReportContext) -> Table | None:
         vd = ctx.verdicts[name]
         d = dphi.get(name)
         phi = phi_ci(vd.phi, vd.ci)
-        if vd.phi is not None and not vd.identified:
-            phi += " — not identified"
+        if vd.phi is not None and not vd.resolved:
+            phi += " — not resolved"
         if name == ctx.variant:
             rows.append([name + " (reference)", phi, "–", "–", "reference"])
         elif d is None:
