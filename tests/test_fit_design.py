@@ -31,6 +31,9 @@ def test_simulate_reports_width_bias_coverage_power_and_bracketing(grid):
     assert 0 <= res.coverage <= 1 and res.reject_0 == 1.0
     assert set(res.bracketed) == {f"{c:.3g}|{r}" for c in (4.64e18, 1e19, 2.15e19) for r in (1, 2, 4, 8)}
     assert res.cost_flops == pytest.approx(study_cost(grid))
+    # the interval `fit` quotes (fit/inference.py), simulated as well: width, coverage, tests
+    assert 0 < res.lr_ci_width_median <= res.lr_ci_width * 2 and 0 <= res.lr_coverage <= 1
+    assert res.lr_reject_0 == 1.0 and 0 <= res.identified <= 1
 
 
 def test_more_noise_widens_the_ci(grid):

@@ -59,6 +59,16 @@ def test_the_inference_record_has_the_documented_schema(one_fit: dict) -> None:
     assert lo < rec["phi"]["estimate"] < hi and rec["phi"]["level"] == 0.95
 
 
+def test_compare_carries_the_calibrated_test_of_the_references_value(one_fit: dict) -> None:
+    from loopscale.fit.compare import compare
+
+    rec = one_fit["variants"]["baseline"]["inference"]
+    row = next(r for r in compare(one_fit, "paper")["rows"] if r["quantity"] == "phi")
+    assert row["p_calibrated"] == pytest.approx(rec["tests"]["phi=0.459"]["p"], abs=0.02)
+    assert inf.test_value(rec, 1.0) == pytest.approx(rec["tests"]["phi=1"]["p"], abs=0.02)
+    assert inf.test_value(rec, 9.0) is None  # outside the profiled box
+
+
 def test_a_test_rejects_exactly_where_the_interval_excludes_the_value(one_fit: dict) -> None:
     rec = one_fit["variants"]["baseline"]["inference"]
     lo, hi = rec["phi"]["ci"]

@@ -188,8 +188,14 @@ def _headline(fit: dict[str, Any], runs: Any, ev: dict[str, Any], index: Path, w
 
 
 def _brief(inference: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The fit file's inference record without the profile's grid (the numbers every sentence uses)."""
-    return None if inference is None else {k: v for k, v in inference.items() if k != "profile"}
+    """The fit file's inference record without the profile's grid and the null draws (the numbers every
+    sentence uses)."""
+    if inference is None:
+        return None
+    out = {k: v for k, v in inference.items() if k != "profile"}
+    if isinstance(out.get("null"), dict):
+        out["null"] = {k: v for k, v in out["null"].items() if k != "stat"}
+    return out
 
 
 def _print_headline(con: Console, h: dict[str, Any], axes: Any = None) -> None:

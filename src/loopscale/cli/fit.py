@@ -226,14 +226,16 @@ def _print_compare(cmp: dict[str, Any], style: box.Box) -> None:
     t = Table(title=f"consistency with {cmp['reference']} ({cmp['variant']}, bootstrap)", box=style)
     level = f"{100 * cmp['level']:.0f}%"
     for c in ("quantity", "fitted", f"{level} CI", "reference", "difference", f"{level} CI of difference",
-              "p-value", "consistent"):
+              "p-value", "consistent", "p (calibrated, = ref value)"):
         t.add_column(c, justify="right")
     for row in cmp["rows"]:
         ref = num(row["reference"]) + (f" {interval(row['reference_ci'])}" if row["reference_ci"] else "")
         cons = MISSING if row["consistent"] is None else ("yes" if row["consistent"] else "NO")
+        pc = row.get("p_calibrated")
         t.add_row(row["quantity"], num(row["fitted"]), interval(row["fitted_ci"]), ref,
                   signed(row["difference"]), interval(row["difference_ci"]),
-                  MISSING if row["p_value"] is None else f"{row['p_value']:.3f}", cons)
+                  MISSING if row["p_value"] is None else f"{row['p_value']:.3f}", cons,
+                  MISSING if pc is None else f"{pc:.3g}")
     console.print(t)
 
 

@@ -10,7 +10,10 @@ level whose percentile interval excludes 0). Draws of the difference:
   CI [0.41, 0.53], read as a normal sampling spread (sd = width / 3.92) and added to the difference.
   alpha and beta have no published CI, so their test treats them as exact.
 
-"consistent" means the interval at the fit's CI level contains 0 (p >= 1 - level). The paper's
+"consistent" means the interval at the fit's CI level contains 0 (p >= 1 - level). For phi the row also
+carries ``p_calibrated``: the fit's calibrated likelihood-ratio test of "phi = the reference's value"
+(``inference.test_value``; docs/fit.md, "Inference"), which treats that value as exact - the reference's
+own uncertainty (the paper's CI, another fit's draws) is in ``p_value`` only. The paper's
 alpha and beta were fitted on FineWeb-Edu with the Llama-2 tokenizer at 10^17-10^19 FLOPs; another
 corpus or scale moves them for reasons the law does not model, so read those two as a scale check.
 """
@@ -22,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from loopscale.fit.bootstrap import percentile_ci
+from loopscale.fit.inference import test_value
 from loopscale.fit.paper import PAPER_COEFFICIENTS, PAPER_PHI_CI
 from loopscale.fit.result import FitResult
 
@@ -95,5 +99,8 @@ def compare(
         row["difference_ci"] = percentile_ci(diff, level)
         row["p_value"] = p_value(diff)
         row["consistent"] = bool(row["p_value"] >= 1 - level)
+        if k == "phi":  # the calibrated test of phi = the reference's value (fit/inference.py)
+            inf = FitResult.of(fit).variant(name).inference
+            row["p_calibrated"] = None if not inf else test_value(inf, float(theirs))
         rows.append(row)
     return {"variant": name, "reference": label, "level": level, "rows": rows}

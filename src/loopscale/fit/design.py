@@ -72,6 +72,7 @@ class DesignSettings:
     bootstrap: int = 50
     restarts: int = 100
     bootstrap_random_starts: int = 2
+    lr_draws: int = 200  # wild-bootstrap tables of the profile interval `fit` quotes (fit/inference.py); 0: off
     ci_level: float = 0.95
     loss: str = "huber"
     delta: float = PAPER_HUBER_DELTA
@@ -169,7 +170,26 @@ def _one(job: tuple[pd.DataFrame, np.ndarray, Noise, DesignSettings, int, bool])
         draws = np.where(fits.phi_identifiable, fits.theta[:, PHI], np.nan)
         out["ci"] = percentile_ci(draws, st.ci_level)
         out["bracketed"] = _bracketed(grid, L)
+    if with_bootstrap and st.lr_draws:  # the interval `loopscale fit` quotes (docs/fit.md, "Inference")
+        from loopscale.fit import inference
+
+        law = _Fitted(best.theta, best.objective, bounds)
+        v = inference.webb_weights(int(cells.max()) + 1, st.lr_draws, rng)
+        state = inference.VariantInference.run(law, data, cells, v, st.loss, st.delta, st.seed + i)
+        out["lr_ci"] = tuple(state.interval(st.ci_level)["ci"])
     return out
+
+
+@dataclass
+class _Fitted:
+    """What ``inference.VariantInference.run`` reads of a fitted law."""
+
+    theta_: np.ndarray
+    objective_: float
+    _bounds: Bounds
+
+    def bounds(self) -> Bounds:
+        return self._bounds
 
 
 def _bracketed(grid: pd.DataFrame, L: np.ndarray) -> dict[str, bool]:
@@ -234,7 +254,12 @@ class DesignResult:
     reject_0: float
     reject_1: float
     at_bound: float
-    identified: float = float("nan")  # share the verdict would call resolved (CI width, box; fit/verdict.py)
+    identified: float = float("nan")  # share the verdict would call resolved (interval width, box; fit/verdict.py)
+    lr_ci_width: float = float("nan")  # the profile interval `fit` quotes: mean and median width, coverage, tests
+    lr_ci_width_median: float = float("nan")
+    lr_coverage: float = float("nan")
+    lr_reject_0: float = float("nan")
+    lr_reject_1: float = float("nan")
     bracketed: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
 
@@ -293,6 +318,19 @@ def simulate(grid: pd.DataFrame, prior: dict[str, float], noise: Noise, settings
         ident = (ok & (width_all <= MAX_CI_WIDTH) & (width_all > 0) & ~bound
                  & (ci[:, 0] > lo + tol) & (ci[:, 1] < hi - tol))
         res.identified = float(np.mean(ident))
+    if with_bootstrap and st.lr_draws:
+        ci = np.array([r.get("lr_ci", (np.nan, np.nan)) for r in rows], dtype=float)
+        ok = np.isfinite(ci).all(axis=1)
+        width = ci[ok, 1] - ci[ok, 0]
+        res.lr_ci_width, res.lr_ci_width_median = float(np.mean(width)), float(np.median(width))
+        res.lr_coverage = float(np.mean((ci[ok, 0] <= phi_true) & (phi_true <= ci[ok, 1])))
+        res.lr_reject_0 = float(np.mean((ci[ok, 0] > 0) | (ci[ok, 1] < 0)))
+        res.lr_reject_1 = float(np.mean((ci[ok, 0] > 1) | (ci[ok, 1] < 1)))
+        lo, hi = st.phi_bounds
+        tol = 1e-3 * (hi - lo)
+        width_all = np.where(ok, ci[:, 1] - ci[:, 0], np.inf)  # the verdict reads this interval, as `fit` does
+        res.identified = float(np.mean(ok & (width_all <= MAX_CI_WIDTH) & (width_all > 0) & ~bound
+                                       & (ci[:, 0] > lo + tol) & (ci[:, 1] < hi - tol)))
         keys = sorted({k for r in rows for k in r["bracketed"]}, key=lambda k: (float(k.split("|")[0]),
                                                                                  int(k.split("|")[1])))
         res.bracketed = {k: float(np.mean([r["bracketed"].get(k, False) for r in rows])) for k in keys}

@@ -475,11 +475,24 @@ class VariantInference:
                     "critical_value": iv["critical_value"]},
             "tests": tests,
             "secondary": secondary,
-            "null": {"n": len(nul.stat), "unit": "cell (budget, r)", "weights": "webb",
+            "null": {"n": len(nul.stat), "unit": "cell (budget, r)", "weights": "webb", "stat": nul.stat.tolist(),
                      "phi_percentile_ci": list(_pct(nul.phi, level)),
                      "at_bounds_fraction": float(np.mean(_at_bounds(nul.theta_free, self.bounds)))},
             "profile": {"phi": self.prof.phi.tolist(), "stat": self.prof.stat.tolist()},
         }
+
+
+def test_value(record: dict[str, Any], x: float) -> float | None:
+    """p of "phi = x" from a fit file's inference record (its profile grid and null draws): the test a record
+    makes for any value after the fit, e.g. another fit's phi (``fit.compare``). None outside the profile."""
+    prof, null = record.get("profile") or {}, record.get("null") or {}
+    if not prof.get("phi") or not null.get("stat"):
+        return None
+    phi, stat = np.asarray(prof["phi"], dtype=float), np.asarray(prof["stat"], dtype=float)
+    if not phi[0] <= x <= phi[-1]:
+        return None
+    t = Profile(phi, stat, np.zeros((len(phi), N_THETA)), 0.0).at(x)
+    return p_value(t, np.asarray(null["stat"], dtype=float))
 
 
 def _pct(x: np.ndarray, level: float) -> tuple[float, float]:
