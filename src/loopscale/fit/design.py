@@ -318,6 +318,9 @@ def simulate(grid: pd.DataFrame, prior: dict[str, float], noise: Noise, settings
         ident = (ok & (width_all <= MAX_CI_WIDTH) & (width_all > 0) & ~bound
                  & (ci[:, 0] > lo + tol) & (ci[:, 1] < hi - tol))
         res.identified = float(np.mean(ident))
+        keys = sorted({k for r in rows for k in r["bracketed"]}, key=lambda k: (float(k.split("|")[0]),
+                                                                                 int(k.split("|")[1])))
+        res.bracketed = {k: float(np.mean([r["bracketed"].get(k, False) for r in rows])) for k in keys}
     if with_bootstrap and st.lr_draws:
         ci = np.array([r.get("lr_ci", (np.nan, np.nan)) for r in rows], dtype=float)
         ok = np.isfinite(ci).all(axis=1)
@@ -331,9 +334,6 @@ def simulate(grid: pd.DataFrame, prior: dict[str, float], noise: Noise, settings
         width_all = np.where(ok, ci[:, 1] - ci[:, 0], np.inf)  # the verdict reads this interval, as `fit` does
         res.identified = float(np.mean(ok & (width_all <= MAX_CI_WIDTH) & (width_all > 0) & ~bound
                                        & (ci[:, 0] > lo + tol) & (ci[:, 1] < hi - tol)))
-        keys = sorted({k for r in rows for k in r["bracketed"]}, key=lambda k: (float(k.split("|")[0]),
-                                                                                 int(k.split("|")[1])))
-        res.bracketed = {k: float(np.mean([r["bracketed"].get(k, False) for r in rows])) for k in keys}
     res.wall_s = time.perf_counter() - t0
     return res
 
