@@ -114,6 +114,25 @@ def test_export_cli_refuses_a_non_empty_folder_then_overwrites(runs: dict[str, P
     assert run_app(["export", str(runs["plain"]), str(out), "--overwrite"]) == 0
 
 
+def test_export_overwrite_replaces_a_symlink_instead_of_writing_through_it(runs: dict[str, Path],
+                                                                         tmp_path: Path) -> None:
+    """`export --overwrite` with OUT/modeling_loopscale.py a symlink wrote the link's target outside OUT
+    (shutil.copyfile follows links; issue 29). Every file now goes through a temporary file and a rename."""
+    from loopscale.cli import run_app
+
+    out = tmp_path / "hf"
+    out.mkdir()
+    victims = {}
+    for name in ("modeling_loopscale.py", "model.safetensors", "loopscale_config.toml", "config.json"):
+        victims[name] = tmp_path / f"victim_{name}"
+        victims[name].write_text("keep me")
+        (out / name).symlink_to(victims[name])
+    assert run_app(["export", str(runs["plain"]), str(out), "--overwrite"]) == 0
+    for name, victim in victims.items():
+        assert victim.read_text() == "keep me", name  # the target outside OUT is untouched
+        assert not (out / name).is_symlink() and (out / name).stat().st_size > 0
+
+
 def test_lm_eval_hf_model_on_the_export_matches_the_loopscale_adapter(runs: dict[str, Path], monkeypatch) -> None:
     lm_eval = pytest.importorskip("lm_eval")
     from lm_eval.tasks import TaskManager

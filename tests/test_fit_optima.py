@@ -90,3 +90,15 @@ def test_an_optimum_outside_the_widths_tried_is_flagged_unbracketed():
     opt = empirical_optima(pd.DataFrame(rows))
     assert not opt["bracketed"].iloc[0]
     assert empirical_exponents(opt) == {}
+
+
+def test_a_cell_whose_loss_is_nearly_linear_in_width_takes_its_best_run_not_a_far_vertex():
+    """A parabola through three nearly collinear points has its vertex e^100 widths away; reading it as the
+    optimum overflowed (exp) and divided by zero. The best run stands in, unbracketed."""
+    N = np.array([1e4, 2e4, 4e4])
+    x = np.log(N)
+    loss = 3.0 + 0.2 * x + 1e-9 * (x - x.mean()) ** 2  # rising with width, curving up by a hair
+    df = pd.DataFrame({"C": 1e12, "r": 1, "N_once": N / 2, "N_rec": N / 2, "D": 1e12 / (6 * N), "val_loss": loss})
+    row = empirical_optima(df).iloc[0]
+    assert row["method"] == "best run" and not row["bracketed"] and row["N_opt"] == pytest.approx(1e4)
+    assert np.isfinite(row["tokens_per_param"])

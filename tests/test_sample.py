@@ -72,3 +72,11 @@ def test_sample_cli_is_reproducible_and_takes_r(tmp_path: Path, capsys) -> None:
     assert texts[0] == texts[1] and texts[0].startswith("Once")
     assert texts[2] != texts[0] and texts[3] != texts[0]
     assert run_app([*argv, "--temperature", "-1"]) == 2
+
+
+def test_control_bytes_in_a_sample_are_printed_as_escapes_not_sent_to_the_terminal() -> None:
+    """A byte-level model can emit ESC, NUL or a bell; `sample` printed them raw to the terminal (issue 29)."""
+    from loopscale.console import printable
+
+    assert printable("ok\x1b[2Jgone\x00\x07\nnext\tline") == "ok\\x1b[2Jgone\\x00\\x07\nnext\tline"
+    assert printable("plain text, ünïcode") == "plain text, ünïcode"

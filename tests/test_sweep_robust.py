@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from loopscale.errors import ConfigError
 from loopscale.sweep import prepare, run_sweep, spec_from_dict
 from loopscale.sweep.store import SweepStore
 from test_sweep_run import tiny_spec, write_spec
@@ -216,6 +217,25 @@ def test_a_corrupt_sweep_json_is_counted_and_named_by_status_and_collect(mixed, 
     assert f"runs/{done}/sweep.json: unreadable" in out
     code, out = _cli(capsys, "sweep", "collect", str(root))
     assert code == 0 and "1 corrupt" in out and f"corrupt, not in the table: runs/{done}/sweep.json" in out
+
+
+def test_a_run_id_that_leaves_the_sweep_is_not_followed(mixed, tmp_path: Path, capsys) -> None:
+    """A sweep.json whose run_id points out of runs/ ('../../x') made collect read a result.json outside the
+    sweep (issue 29); the folder is the run's identity, so such a plan is counted as corrupt and named."""
+    root, done, _failed = _copy(mixed, tmp_path)
+    meta = json.loads((root / "runs" / done / "sweep.json").read_text())
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "result.json").write_text((root / "runs" / done / "result.json").read_text().replace(
+        '"val_loss": ', '"val_loss": 99.0, "was": '))
+    meta["run_id"] = "../../outside"
+    (root / "runs" / done / "sweep.json").write_text(json.dumps(meta))
+    code, out = _cli(capsys, "sweep", "collect", str(root))
+    assert code == 0 and "1 corrupt" in out and "does not match its folder" in out, out
+    table = (root / "runs.csv").read_text()
+    assert "99.0" not in table and "outside" not in table
+    with pytest.raises(ConfigError, match="would leave the sweep"):
+        SweepStore(root).run_dir("../../outside")
 
 
 def test_a_corrupt_result_json_is_reported_then_set_aside_and_the_run_redone(mixed, tmp_path: Path, capsys) -> None:

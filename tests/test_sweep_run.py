@@ -342,6 +342,29 @@ def test_a_config_change_on_a_started_run_is_refused(finished, tmp_path: Path) -
     assert load_spec(store.root).runs()[0].config.optim.lr_scale == 1.0
 
 
+def test_a_second_spec_cannot_rewrite_a_run_another_sweep_holds_or_has_begun(tmp_path: Path) -> None:
+    """While `sweep run specA --out swm` trains, `sweep run specB --out swm` rewrote every run's sweep.json not
+    yet checkpointed, and sweep A then trained B's config under A's name (issue 29). A run with a live lock or
+    a config.toml counts as started: its plan is never rewritten."""
+    from loopscale import locks
+    from loopscale.errors import ConfigError
+
+    spec_a = spec_from_dict(tiny_spec())
+    store = prepare(spec_a, tmp_path / "swm")
+    first, second = (rs.run_id for rs in spec_a.runs()[:2])
+    changed = tiny_spec()
+    changed["train"]["optim"]["lr_scale"] = 3.0
+    # sweep A holds its first run (no checkpoint yet)
+    with locks.acquire(store.run_dir(first)), pytest.raises(ConfigError, match="or is being trained now"):
+        prepare(spec_from_dict(changed), store.root)
+    assert store.load_run(first).config.optim.lr_scale == 1.0
+    (store.run_dir(second) / "config.toml").write_text("# the trainer's first file\n")
+    with pytest.raises(ConfigError, match="different config"):
+        prepare(spec_from_dict(changed), store.root)
+    assert store.load_run(second).config.optim.lr_scale == 1.0
+    assert store.load_run(first).config.optim.lr_scale == 1.0  # refused before writing any run's plan
+
+
 def test_gpu_slots_run_one_worker_per_gpu_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The multi-GPU scheduler with a stand-in worker (no training): one run per GPU, runs handed out as GPUs free."""
     from loopscale.sweep import local

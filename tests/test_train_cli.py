@@ -324,3 +324,25 @@ def test_without_a_c_compiler_a_cpu_run_warns_once_and_trains(tmp_path, capsys, 
     assert text.count("warning: compiled CPU kernels unavailable (no C compiler") == 1
     hardware = json.loads((tmp_path / "run" / "result.json").read_text())["hardware"]
     assert hardware["cpu_kernels"].startswith("unavailable")
+
+
+@pytest.mark.parametrize("override", ["model.d_model=65536", "run.batch_size=1000000000", "model.L_eff=100000"])
+def test_a_run_predicted_to_need_more_memory_than_the_machine_has_is_refused_before_training(
+        override: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """These grew to 21-24 GB and were OOM-killed after minutes (issue 29); loopscale.memory predicts the peak,
+    so the run is refused at once, naming the field and the predicted figure."""
+    cfg = tiny_toml(tmp_path)
+    code, text = cli([str(cfg), "--out", str(tmp_path / "run"), "--set", override], capsys)
+    line = one_line_error(code, text)
+    assert "run.micro_batch" in line and "(predicted, loopscale.memory)" in line and "in all" in line, line
+    assert not (tmp_path / "run" / "ckpt.pt").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_more_validation_tokens_than_the_split_holds_is_said_not_capped_silently(tmp_path: Path,
+                                                                                capsys: pytest.CaptureFixture[str]
+                                                                                ) -> None:
+    cfg = tiny_toml(tmp_path)
+    code, text = cli([str(cfg), "--out", str(tmp_path / "run"), "--set", "run.val_tokens=1000000000000000",
+                      "--set", "run.steps=5"], capsys)
+    assert code == 0, text
+    assert "warning: run.val_tokens = 1,000,000,000,000,000 but the validation split holds" in text

@@ -176,6 +176,8 @@ def parse_value(text: str) -> Any:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+    except RecursionError:  # e.g. [[[...]]] thousands deep: no setting is nested like that
+        raise ConfigError("--set", "value nested too deeply", value=text[:40] + "...") from None
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:

@@ -20,6 +20,27 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def check_slots(slots: int | None, flag: str = "--slots") -> None:
+    """CPU slots above the cores only slow every run down (1000 slots started one worker per pending run and
+    printed 1000 threads): refused in one line. GPU slots come from ``--gpus``, not from this."""
+    from loopscale.errors import ConfigError
+
+    cores = available_cores()
+    if slots is not None and slots > cores:
+        raise ConfigError(flag, f"expected at most {cores} (this machine's cores: each slot trains one run on its "
+                          "own share of them)", value=slots)
+
+
+def check_threads(threads: int | None, field: str = "run.threads") -> None:
+    """More intra-op threads than cores wait for each other (run.threads = 1000 ran 18x slower): refused."""
+    from loopscale.errors import ConfigError
+
+    cores = available_cores()
+    if threads is not None and threads > cores:
+        raise ConfigError(field, f"expected at most {cores} (this machine's cores); unset it to use them all",
+                          value=threads)
+
+
 def nvidia_driver() -> bool:
     """An NVIDIA driver on this host (its proc file or nvidia-smi): without one, CUDA cannot be available."""
     return os.path.exists("/proc/driver/nvidia/version") or shutil.which("nvidia-smi") is not None

@@ -19,10 +19,12 @@ def demo(
     slots: int | None = typer.Option(None, "--slots", min=1, help="Runs trained at once (default: one per core)."),
     no_progress: bool = typer.Option(False, "--no-progress"),
 ) -> None:
-    """Sweep r in {1,2,4,8} over budgets and widths, fit phi with a bootstrap CI, evaluate five axes, report.
+    """Sweep r in {1,2,4,8} over budgets and widths, fit phi with its interval and tests, evaluate five axes, report.
 
     Rerun the same command to resume: finished runs are skipped.
     """
+    from loopscale.cores import check_slots
     from loopscale.demo import run_demo
 
+    check_slots(slots)
     run_demo(out, preset="quick" if quick else preset, bootstrap=bootstrap, progress=not no_progress, slots=slots)

@@ -126,6 +126,9 @@ def design(
 
     if sims < 2 or bootstrap < 0 or restarts < 1:
         raise ConfigError("--sims", "expected --sims >= 2, --bootstrap >= 0, --restarts >= 1", value=sims)
+    for flag, x in (("--sigma", sigma), ("--cell-sigma", cell_sigma)):
+        if x is not None and not (x >= 0 and x < float("inf")):
+            raise ConfigError(flag, "expected a noise sd in nats, >= 0 (e.g. 0.04)", value=x)
     if lr_draws < 0 or 0 < lr_draws < 100:
         raise ConfigError("--lr-draws", "expected 0 (off) or at least 100 tables", value=lr_draws)
     t0 = time.perf_counter()

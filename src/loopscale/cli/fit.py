@@ -6,6 +6,7 @@ Heavy imports (scipy, pandas, loopscale.fit) stay inside the command functions.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -410,8 +411,11 @@ def plan(
         plan as make_plan,
     )
 
-    if not budget > 0:
-        raise ConfigError("--budget", "expected a positive FLOP budget, e.g. 1e19", value=budget)
+    if not (budget > 0 and math.isfinite(budget)):
+        raise ConfigError("--budget", "expected a positive, finite FLOP budget, e.g. 1e19", value=budget)
+    if tokens_per_step is not None and tokens_per_step < 1:
+        raise ConfigError("--tokens-per-step", "expected a positive global batch in tokens, e.g. 524288",
+                          value=tokens_per_step)
     if (fit_file is None) == (not paper):
         raise ConfigError("--fit", "give exactly one of --fit FIT or --paper")
     verdict = None

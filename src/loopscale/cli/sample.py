@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from loopscale.cli.app import app, console
+from loopscale.console import printable
 
 
 @app.command("sample")
@@ -33,4 +34,4 @@ def sample(
     gen = torch.Generator(device=dev).manual_seed(seed)
     out = model.generate(idx, max_tokens, r=r, stop=tok.bos_id, temperature=temperature, top_k=top_k,
                          generator=gen)
-    console.print(prompt + tok.decode(out[0].tolist()), highlight=False, soft_wrap=True)
+    console.print(printable(prompt + tok.decode(out[0].tolist())), highlight=False, soft_wrap=True)

@@ -52,10 +52,12 @@ def plan(
         "and predicted peak memory (loopscale.memory). Default: this machine's GPU, if it has one."),
 ) -> None:
     """Print every run (size, tokens, steps, estimated time) and the totals, with warnings; trains nothing."""
+    from loopscale.cores import check_slots
     from loopscale.sweep import load_spec, make_plan
     from loopscale.sweep.calibrate import Calibration
     from loopscale.sweep.progress import duration as _dur
 
+    check_slots(slots)
     spec = load_spec(spec_arg, set_)
     root = Path(_store_for(spec_arg, out, spec))
     cal = None
@@ -151,10 +153,12 @@ def run(
                                          "when squeue cannot confirm their job is gone."),
 ) -> None:
     """Run (or resume) the sweep: finished runs are skipped, interrupted ones resume, failed ones are retried."""
+    from loopscale.cores import check_slots
     from loopscale.sweep import executor as executors
     from loopscale.sweep import load_spec, prepare
     from loopscale.train.batches import check_allowed
 
+    check_slots(slots)
     chosen = executors.get(executor)  # a typo fails before the sweep dir exists
     spec = load_spec(spec_arg, set_)
     runs = spec.runs(variant or None)

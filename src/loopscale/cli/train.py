@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.markup import escape
 
 from loopscale.cli.app import app, console
-from loopscale.errors import LoopscaleError
+from loopscale.errors import ConfigError, LoopscaleError
 
 
 class RunNotOk(LoopscaleError):
@@ -48,9 +49,9 @@ def train(
         console.print(f"# {length['steps']} steps, {length['tokens']:.4g} tokens, {length['flops']:.4g} FLOPs, "
                       f"{length['tokens_per_param']:.1f} tokens/param", markup=False, highlight=False)
         return
-    run_dir = out or default_run_dir(cfg)
-    res = run_training(cfg, run_dir, progress=not no_progress, overwrite=overwrite,
-                       source=config_source(config, set_), progress_every=progress_every)
+    run_dir = Path(out or default_run_dir(cfg))
+    res = _train_locked(run_training, cfg, run_dir, progress=not no_progress, overwrite=overwrite,
+                        source=config_source(config, set_), progress_every=progress_every)
     if int(os.environ.get("RANK", "0")) == 0:
         vl = res.get("val_loss")
         console.print(
@@ -63,3 +64,40 @@ def train(
     if res["status"] != "ok":
         raise RunNotOk(f"{run_dir}: the run {res['status']} ({res.get('error', '')}); recorded in "
                        f"{run_dir / 'result.json'}")
+
+
+def _train_locked(run_training: Any, cfg: Any, run_dir: Path, **kw: Any) -> dict[str, Any]:
+    """Train holding the run dir's lock (``loopscale.locks``, the sweeps' own): a second `loopscale train`, or
+    one into a run a sweep is training, is refused instead of training the same steps twice. Under torchrun
+    rank 0 holds it for every rank."""
+    from loopscale import locks
+    from loopscale.train.rundir import check_out_path
+
+    if int(os.environ.get("RANK", "0")) != 0:
+        return run_training(cfg, run_dir, **kw)
+    check_out_path(run_dir)
+    created = not run_dir.exists()
+    try:
+        lock = locks.acquire(run_dir, executor="loopscale train")
+    except OSError as exc:
+        raise ConfigError("--out", f"cannot write the run dir: {exc.strerror}", value=str(run_dir)) from None
+    if lock is None:
+        raise ConfigError("--out", f"{run_dir} is being trained by another process: "
+                          + locks.describe(locks.live(run_dir) or {}, run_dir), value=str(run_dir))
+    try:
+        with lock:
+            return run_training(cfg, run_dir, **kw)
+    finally:
+        if created:  # a run refused before it wrote anything leaves no run dir behind (only the lock made it)
+            _remove_if_only_locks(run_dir)
+
+
+def _remove_if_only_locks(run_dir: Path) -> None:
+    import contextlib
+
+    from loopscale import locks
+
+    with contextlib.suppress(OSError):
+        if {p.name for p in run_dir.iterdir()} <= {locks.TAKEOVER}:
+            (run_dir / locks.TAKEOVER).unlink(missing_ok=True)
+            run_dir.rmdir()

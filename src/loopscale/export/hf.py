@@ -10,7 +10,6 @@ torch and transformers: ``AutoModelForCausalLM.from_pretrained(out, trust_remote
 from __future__ import annotations
 
 import json
-import shutil
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -148,9 +147,9 @@ def model_card(cfg: Any, run_dir: Path, result: dict[str, Any] | None) -> str:
 
 def export_hf(run_dir: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
     """Write the Hugging Face folder ``out`` for the finished run in ``run_dir``; returns ``out``."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
-    from loopscale.io import atomic_write_text
+    from loopscale.io import atomic_write_bytes, atomic_write_text
     from loopscale.train.checkpoint import CONFIG, load_model
     from loopscale.train.loop import read_result
 
@@ -162,7 +161,8 @@ def export_hf(run_dir: str | Path, out: str | Path, *, overwrite: bool = False) 
         raise ConfigError("OUT", "exists and is not empty; give --overwrite to replace its files", value=str(out))
     tok_json, bos, bos_id = _tokenizer_files(cfg)
     out.mkdir(parents=True, exist_ok=True)
-    save_file(unpadded_state_dict(model), str(out / "model.safetensors"), metadata={"format": "pt"})
+    # every file goes through a temporary file and a rename: a symlink in OUT is replaced, never written through
+    atomic_write_bytes(out / "model.safetensors", save(unpadded_state_dict(model), metadata={"format": "pt"}))
     atomic_write_text(out / "config.json", json.dumps(hf_config(cfg, bos_id=bos_id), indent=2) + "\n")
     atomic_write_text(out / "tokenizer.json", _with_bos(tok_json, bos, bos_id))
     tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": bos,
@@ -171,7 +171,7 @@ def export_hf(run_dir: str | Path, out: str | Path, *, overwrite: bool = False) 
     atomic_write_text(out / "special_tokens_map.json", json.dumps({"bos_token": bos, "eos_token": bos}) + "\n")
     atomic_write_text(out / "generation_config.json",
                       json.dumps({"bos_token_id": bos_id, "eos_token_id": bos_id, "do_sample": False}) + "\n")
-    shutil.copyfile(str(resources.files("loopscale.export") / MODELING), out / MODELING)
-    shutil.copyfile(run_dir / CONFIG, out / "loopscale_config.toml")
+    atomic_write_bytes(out / MODELING, (resources.files("loopscale.export") / MODELING).read_bytes())
+    atomic_write_bytes(out / "loopscale_config.toml", (run_dir / CONFIG).read_bytes())
     atomic_write_text(out / "README.md", model_card(cfg, run_dir, read_result(run_dir)))
     return out

@@ -305,37 +305,36 @@ def simulate(grid: pd.DataFrame, prior: dict[str, float], noise: Noise, settings
         at_bound=float(np.mean(bound)),
     )
     if with_bootstrap and st.bootstrap:
-        ci = np.array([r["ci"] for r in rows], dtype=float)
-        ok = np.isfinite(ci).all(axis=1)
-        width = ci[ok, 1] - ci[ok, 0]
-        res.ci_width, res.ci_width_sd = float(np.mean(width)), float(np.std(width))
-        res.coverage = float(np.mean((ci[ok, 0] <= phi_true) & (phi_true <= ci[ok, 1])))
-        res.reject_0 = float(np.mean((ci[ok, 0] > 0) | (ci[ok, 1] < 0)))
-        res.reject_1 = float(np.mean((ci[ok, 0] > 1) | (ci[ok, 1] < 1)))
-        lo, hi = st.phi_bounds
-        tol = 1e-3 * (hi - lo)
-        width_all = np.where(ok, ci[:, 1] - ci[:, 0], np.inf)
-        ident = (ok & (width_all <= MAX_CI_WIDTH) & (width_all > 0) & ~bound
-                 & (ci[:, 0] > lo + tol) & (ci[:, 1] < hi - tol))
-        res.identified = float(np.mean(ident))
+        iv = _intervals(np.array([r["ci"] for r in rows], dtype=float), phi_true, bound, st)
+        res.ci_width, res.ci_width_sd = iv["mean"], iv["sd"]
+        res.coverage, res.reject_0, res.reject_1, res.identified = (iv["coverage"], iv["reject_0"],
+                                                                    iv["reject_1"], iv["resolved"])
         keys = sorted({k for r in rows for k in r["bracketed"]}, key=lambda k: (float(k.split("|")[0]),
                                                                                  int(k.split("|")[1])))
         res.bracketed = {k: float(np.mean([r["bracketed"].get(k, False) for r in rows])) for k in keys}
-    if with_bootstrap and st.lr_draws:
-        ci = np.array([r.get("lr_ci", (np.nan, np.nan)) for r in rows], dtype=float)
-        ok = np.isfinite(ci).all(axis=1)
-        width = ci[ok, 1] - ci[ok, 0]
-        res.lr_ci_width, res.lr_ci_width_median = float(np.mean(width)), float(np.median(width))
-        res.lr_coverage = float(np.mean((ci[ok, 0] <= phi_true) & (phi_true <= ci[ok, 1])))
-        res.lr_reject_0 = float(np.mean((ci[ok, 0] > 0) | (ci[ok, 1] < 0)))
-        res.lr_reject_1 = float(np.mean((ci[ok, 0] > 1) | (ci[ok, 1] < 1)))
-        lo, hi = st.phi_bounds
-        tol = 1e-3 * (hi - lo)
-        width_all = np.where(ok, ci[:, 1] - ci[:, 0], np.inf)  # the verdict reads this interval, as `fit` does
-        res.identified = float(np.mean(ok & (width_all <= MAX_CI_WIDTH) & (width_all > 0) & ~bound
-                                       & (ci[:, 0] > lo + tol) & (ci[:, 1] < hi - tol)))
+    if with_bootstrap and st.lr_draws:  # the interval `fit` quotes; the verdict reads it, so "resolved" too
+        iv = _intervals(np.array([r.get("lr_ci", (np.nan, np.nan)) for r in rows], dtype=float), phi_true, bound,
+                        st)
+        res.lr_ci_width, res.lr_ci_width_median = iv["mean"], iv["median"]
+        res.lr_coverage, res.lr_reject_0, res.lr_reject_1, res.identified = (iv["coverage"], iv["reject_0"],
+                                                                             iv["reject_1"], iv["resolved"])
     res.wall_s = time.perf_counter() - t0
     return res
+
+
+def _intervals(ci: np.ndarray, phi_true: float, bound: np.ndarray, st: DesignSettings) -> dict[str, float]:
+    """Width (mean, sd, median), coverage, P(excludes 0 / 1) and P(verdict: resolved) of simulated intervals."""
+    ok = np.isfinite(ci).all(axis=1)
+    width = ci[ok, 1] - ci[ok, 0]
+    lo, hi = st.phi_bounds
+    tol = 1e-3 * (hi - lo)
+    width_all = np.where(ok, ci[:, 1] - ci[:, 0], np.inf)
+    resolved = (ok & (width_all <= MAX_CI_WIDTH) & (width_all > 0) & ~bound
+                & (ci[:, 0] > lo + tol) & (ci[:, 1] < hi - tol))
+    return {"mean": float(np.mean(width)), "sd": float(np.std(width)), "median": float(np.median(width)),
+            "coverage": float(np.mean((ci[ok, 0] <= phi_true) & (phi_true <= ci[ok, 1]))),
+            "reject_0": float(np.mean((ci[ok, 0] > 0) | (ci[ok, 1] < 0))),
+            "reject_1": float(np.mean((ci[ok, 0] > 1) | (ci[ok, 1] < 1))), "resolved": float(np.mean(resolved))}
 
 
 def check_grid(grid: pd.DataFrame) -> None:

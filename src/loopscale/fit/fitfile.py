@@ -58,6 +58,10 @@ def read_fit(path: str | Path) -> dict[str, Any]:
         doc = json.loads(p.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ConfigError("fit file", f"not valid JSON ({exc.msg} at line {exc.lineno})", source=str(p)) from None
+    except RecursionError:
+        raise ConfigError("fit file", "nested too deeply to be a fit file", source=str(p)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("fit file", f"cannot be read ({exc.__class__.__name__})", source=str(p)) from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ConfigError(
             "format",
@@ -74,7 +78,46 @@ def read_fit(path: str | Path) -> dict[str, Any]:
         )
     if not doc.get("variants"):
         raise ConfigError("variants", "fit file holds no fitted variant", source=str(p))
+    check_numbers(doc, str(p))
     return doc
+
+
+#: |phi| beyond this is no fitted value (the box is [-3, 3] unless --phi-bounds widens it).
+MAX_ABS_PHI = 100.0
+
+
+def check_numbers(doc: dict[str, Any], source: str) -> None:
+    """The numbers every reader of a fit file computes with, checked once with one-line errors: each variant's
+    coefficients (E, A, B > 0 and finite; alpha, beta finite; phi finite within +-100 or null) and the
+    runs' ``tokens_per_step`` (a positive integer or null)."""
+    if not isinstance(doc["variants"], dict):
+        raise ConfigError("variants", "expected an object of variants", value=type(doc["variants"]).__name__,
+                          source=source)
+    for name, rec in doc["variants"].items():
+        where = f"variants.{name}"
+        if not isinstance(rec, dict):
+            raise ConfigError(where, "expected an object (a fitted variant)", value=type(rec).__name__, source=source)
+        params = (rec.get("law") or {}).get("params") if isinstance(rec.get("law"), dict) else None
+        if not isinstance(params, dict) or not params:
+            raise ConfigError(f"{where}.law.params", "missing; expected E, A, B, alpha, beta and phi", source=source)
+        for k in ("E", "A", "B", "alpha", "beta", "phi"):
+            x = params.get(k)
+            if k == "phi" and x is None:
+                continue  # phi undetermined (no looped runs)
+            ok = isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+            if ok and k in ("E", "A", "B"):
+                ok = x > 0
+            if ok and k == "phi":
+                ok = abs(x) <= MAX_ABS_PHI
+            if not ok:
+                want = {"E": "a number > 0", "A": "a number > 0", "B": "a number > 0",
+                        "phi": f"a finite number within ±{MAX_ABS_PHI:g}, or null"}.get(k, "a finite number")
+                raise ConfigError(f"{where}.law.params.{k}", f"expected {want}", value=x, source=source)
+    tps = doc.get("tokens_per_step")
+    if tps is not None and not (isinstance(tps, int | float) and not isinstance(tps, bool) and math.isfinite(tps)
+                                and tps >= 1 and float(tps).is_integer()):
+        raise ConfigError("tokens_per_step", "expected a positive whole number of tokens, or null", value=tps,
+                          source=source)
 
 
 def load_fit(path: str | Path) -> Any:

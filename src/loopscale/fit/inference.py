@@ -91,20 +91,20 @@ def fit_batch(
     theta = np.empty((S, N_THETA))
     f = np.empty(S)
     batched = data.y.ndim == 2
-    ones = np.ones((1, n)) if weights is None else np.asarray(weights, dtype=float)[None]
+    w = np.ones((1, n)) if weights is None else np.asarray(weights, dtype=float)[None]
     for c0 in range(0, S, chunk):
         sl = np.arange(c0, min(S, c0 + chunk))
         nb = len(sl)
         d = data.take(sl) if batched else data
         if k > 1:
             dk = data.with_y(np.repeat(d.y, k, axis=0)) if batched else d
-            ends, fk = lm_batch(starts[sl].reshape(nb * k, N_THETA), dk, ones, bounds, free, loss, delta, max_iter=30)
+            ends, fk = lm_batch(starts[sl].reshape(nb * k, N_THETA), dk, w, bounds, free, loss, delta, max_iter=30)
             ends, fk = ends.reshape(nb, k, N_THETA), fk.reshape(nb, k)
             best = np.argmin(np.where(np.isfinite(fk), fk, np.inf), axis=1)
             th = ends[np.arange(nb), best]
         else:
             th = starts[sl, 0]
-        theta[sl], f[sl] = lm_batch(th, d, ones, bounds, free, loss, delta, max_iter=max_iter)
+        theta[sl], f[sl] = lm_batch(th, d, w, bounds, free, loss, delta, max_iter=max_iter)
     return theta, f
 
 

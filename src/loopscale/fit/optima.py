@@ -217,8 +217,11 @@ def empirical_optima(df: pd.DataFrame) -> pd.DataFrame:
         xs, method, bracketed = x[best], "best run", False
         if row["n_widths"] >= 3:
             c2, c1, _ = np.polyfit(x, y, 2)
-            if c2 > 0:
-                xv = -c1 / (2 * c2)
+            span = float(x.max() - x.min())
+            xv = -c1 / (2 * c2) if c2 > 0 else np.nan
+            # a vertex more than one width-range beyond the widths (a cell whose loss is nearly linear in
+            # log N) is an extrapolation, not an optimum: the best run stands in (exp of it overflowed)
+            if np.isfinite(xv) and x.min() - span <= xv <= x.max() + span:
                 bracketed = bool(x.min() <= xv <= x.max())
                 xs, method = xv, "parabola"
         L_star = float(np.polyval(np.polyfit(x, y, 2), xs)) if method == "parabola" else float(y[best])

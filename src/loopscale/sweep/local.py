@@ -317,7 +317,8 @@ def busy_message(store: SweepStore, run_ids: list[str]) -> str:
         held.append(f"{rid} ({lock.get('host', '?')} pid {lock.get('pid', '?')})" if lock else rid)
     more = ", ..." if len(held) > 3 else ""
     return (f"{len(run_ids)} run(s) busy in another live process, not run here: {', '.join(held[:3])}{more}; "
-            f"rerun when it ends (`loopscale sweep status {store.root}`)")
+            f"rerun when it ends (`loopscale sweep status {store.root}`), or if that process is gone for good "
+            f"delete its lock ({store.run_dir(run_ids[0]) / 'lock.json'})")
 
 
 def _run_subprocesses(store: SweepStore, queue: collections.deque, slots: list[dict[str, str]], summary: Summary,

@@ -7,7 +7,7 @@
       runs/<run_id>/       the trainer's run dir (config.toml, metrics.jsonl, ckpt.pt, result.json, ...)
           sweep.json       the run's grid coordinates and exact TrainConfig (written when planned)
           attempts.json    starts and failures so far, with the last errors
-          lock.json        held while a process trains the run (pid, host; heartbeat = mtime)
+          lock.json        held while a process trains the run (``loopscale.locks``: pid, host, boot id, start time)
           lock.takeover    flock'ed while a process takes over a stale lock.json
           queued.json      SLURM job id while the run waits in a queue
       runs.csv, runs.parquet   `loopscale sweep collect`
@@ -18,7 +18,8 @@ Status (``RunState.status``), first match wins:
   failed       result.json says failed (retried while failures <= max_retries)
   corrupt      result.json cannot be read (``sweep run`` sets it aside and runs the run again); a run
                dir whose sweep.json cannot be read is listed by ``unreadable_plans`` (not planned)
-  running      lock.json held by a live process (same host: the pid is alive; other host: fresh heartbeat)
+  running      lock.json held by a live process (same host: that pid, started then, this boot; other host: a
+               fresh heartbeat)
   queued       queued.json names a SLURM job (and no lock)
   interrupted  started before (ckpt.pt, config.toml or metrics) but not running: resumes from its checkpoint
   planned      nothing yet
@@ -31,11 +32,11 @@ import json
 import os
 import socket
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loopscale import locks
 from loopscale.errors import ConfigError
 from loopscale.io import append_jsonl, atomic_write_json, atomic_write_text
 from loopscale.sweep.spec import RunSpec
@@ -43,11 +44,9 @@ from loopscale.sweep.spec import RunSpec
 RESULT = "result.json"
 META = "sweep.json"
 ATTEMPTS = "attempts.json"
-LOCK = "lock.json"
-TAKEOVER = "lock.takeover"  # flock'ed while a process takes over a stale lock.json (empty, never removed)
 QUEUED = "queued.json"
-STALE_AFTER_S = 900.0  # a lock from another host with no heartbeat for this long is stale
-HEARTBEAT_S = 30.0
+LOCK = locks.LOCK
+Lock = locks.Lock  # re-exported: executors hold one while a run trains
 STATUSES = ("done", "diverged", "failed", "corrupt", "running", "queued", "interrupted", "planned")
 
 
@@ -66,16 +65,6 @@ def _load_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     if not isinstance(data, dict):
         return None, f"unreadable (a JSON {type(data).__name__}, not an object)"
     return data, None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass
@@ -97,45 +86,6 @@ class RunState:
         return bool(self.attempts.get("retryable", True))
 
 
-class Lock:
-    """An exclusive claim on a run (a hard link, atomic); ``beat()`` refreshes its mtime as a heartbeat."""
-
-    def __init__(self, path: Path, text: str = "") -> None:
-        self.path = path
-        self.text = text  # what this process wrote: release() removes only its own lock
-        self._last = time.time()
-
-    def beat(self, force: bool = False) -> None:
-        now = time.time()
-        if force or now - self._last >= HEARTBEAT_S:
-            with contextlib.suppress(OSError):
-                os.utime(self.path)
-            self._last = now
-
-    def release(self) -> None:
-        """Remove the lock, unless another process took it over (it judged this one stale)."""
-        with contextlib.suppress(OSError):
-            if not self.text or self.path.read_text(encoding="utf-8") == self.text:
-                self.path.unlink()
-
-
-@contextlib.contextmanager
-def _flocked(path: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (created, never removed): the kernel frees it when we exit or die.
-
-    On a file system without ``flock`` this serialises nothing (docs/sweep.md, locks).
-    """
-    import fcntl
-
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the flock
-
-
 class SweepStore:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
@@ -144,7 +94,12 @@ class SweepStore:
 
     # -- layout --
     def run_dir(self, run_id: str) -> Path:
-        return self.runs_dir / run_id
+        """``runs/RUN_ID``; an id that would leave ``runs/`` (a separator, ``..``) is refused, so no read or
+        write follows an id out of its sweep."""
+        rid = str(run_id)
+        if not rid or rid in (".", "..") or "/" in rid or "\\" in rid or "\0" in rid:
+            raise ConfigError("run_id", "not a run id (it would leave the sweep's runs/ folder)", value=rid)
+        return self.runs_dir / rid
 
     @property
     def spec_path(self) -> Path:
@@ -187,19 +142,25 @@ class SweepStore:
 
     # -- planned runs --
     def materialise(self, runs: list[RunSpec]) -> None:
-        """Write each run's sweep.json; refuse a run dir that already trained a different config."""
+        """Write each run's sweep.json; refuse (before writing any) when a run dir that a different config
+        started, or that a live process holds, would be rewritten."""
+        writes = []
         for rs in runs:
             d = self.run_dir(rs.run_id)
             meta = rs.meta()
             old = _read_json(d / META)
             if old is not None and old.get("config") != meta["config"]:
-                started = any((d / f).exists() for f in (RESULT, "ckpt.pt", "metrics.jsonl"))
-                if started:
+                # started: anything the trainer writes (config.toml comes first), or a live process holding it
+                # (another `sweep run` of the old spec about to train it: rewriting its plan mixed the two specs)
+                started = any((d / f).exists() for f in (RESULT, "ckpt.pt", "metrics.jsonl", "config.toml"))
+                if started or self.live_lock(rs.run_id) is not None:
                     raise ConfigError(
-                        "spec", f"{d} was trained with a different config; use a new sweep dir (--out) or "
-                        "delete that run dir", value=rs.run_id, source=str(self.spec_path))
+                        "spec", f"{d} was trained with a different config (or is being trained now); use a new "
+                        "sweep dir (--out) or delete that run dir", value=rs.run_id, source=str(self.spec_path))
             if old != meta:
-                atomic_write_json(d / META, meta)
+                writes.append((d / META, meta))
+        for path, meta in writes:
+            atomic_write_json(path, meta)
 
     def planned(self) -> list[RunSpec]:
         """The runs written by ``materialise``, in plan order (as listed by spec.toml when it exists).
@@ -232,7 +193,10 @@ class SweepStore:
             m, problem = _load_json(path)
             if m is not None:
                 try:
-                    out[d.name] = RunSpec.from_meta(m, source=str(path))
+                    rs = RunSpec.from_meta(m, source=str(path))
+                    if rs.run_id != d.name:  # the folder is the run's identity; an id elsewhere is not trusted
+                        raise ConfigError("run_id", f"does not match its folder '{d.name}'", value=rs.run_id)
+                    out[d.name] = rs
                     continue
                 except (ConfigError, KeyError, TypeError, ValueError) as exc:
                     problem = f"invalid ({str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__})"
@@ -301,58 +265,12 @@ class SweepStore:
 
     # -- locks --
     def live_lock(self, run_id: str) -> dict[str, Any] | None:
-        path = self.run_dir(run_id) / LOCK
-        info = _read_json(path)
-        if info is None:
-            return None if not path.exists() else self._young_or_none(path, {})
-        if info.get("host") == socket.gethostname():
-            return info if _pid_alive(int(info.get("pid", -1))) else None
-        return self._young_or_none(path, info)
-
-    @staticmethod
-    def _young_or_none(path: Path, info: dict[str, Any]) -> dict[str, Any] | None:
-        try:
-            age = time.time() - path.stat().st_mtime
-        except OSError:
-            return None
-        return info if age < STALE_AFTER_S else None
+        """The live lock of a run (``loopscale.locks``: a reused PID or a lock from another boot is stale)."""
+        return locks.live(self.run_dir(run_id))
 
     def try_lock(self, run_id: str, **info: Any) -> Lock | None:
         """Claim a run for this process, or None when a live process holds it (stale locks are taken over)."""
-        d = self.run_dir(run_id)
-        d.mkdir(parents=True, exist_ok=True)
-        path = d / LOCK
-        text = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time(), **info})
-        tmp = d / f".lock.{socket.gethostname()}.{os.getpid()}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        try:
-            try:
-                os.link(tmp, path)  # atomic and exclusive (also on NFS): a lock is never half-written
-                return Lock(path, text)
-            except FileExistsError:
-                pass
-            return Lock(path, text) if self._take_over(run_id, tmp, path) else None
-        finally:
-            tmp.unlink(missing_ok=True)
-
-    def _take_over(self, run_id: str, tmp: Path, path: Path) -> bool:
-        """Replace a stale lock with ``tmp``; False when a live process holds the run.
-
-        Check-dead-then-replace is not atomic by itself: two processes could both find the same lock
-        stale and both "take it over". So takeovers hold ``flock(lock.takeover)`` from the check to the
-        swap, and the swap is one ``rename`` over the stale lock (never absent, so no fresh ``link``
-        can slip in between). The flock dies with its holder: no stale takeover can block a run.
-        """
-        with _flocked(self.run_dir(run_id) / TAKEOVER):
-            try:
-                os.link(tmp, path)  # released meanwhile
-                return True
-            except FileExistsError:
-                pass
-            if self.live_lock(run_id) is not None:
-                return False
-            os.replace(tmp, path)
-            return True
+        return locks.acquire(self.run_dir(run_id), **info)
 
     # -- queue (SLURM) --
     def mark_queued(self, run_id: str, job_id: str) -> None:

@@ -64,6 +64,9 @@ def setup_threads(threads: int | None, dist: Dist) -> int:
     local sweep slot's part of them (``LOOPSCALE_SLOT_CORES``, so 8 slots on 8 GPUs do not each take every
     core), divided among the node's ranks (``LOCAL_WORLD_SIZE``).
     """
+    from loopscale.cores import check_threads
+
+    check_threads(threads)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(dist.world)))
     n = threads or max(1, _cores_for_this_slot() // max(1, local_world))
     torch.set_num_threads(n)

@@ -475,6 +475,9 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
     progress, progress_every = progress_opts
     batching = Batching.for_run(cfg, device, dist.world)
     val_rows = data.val_rows(run.val_tokens)
+    if dist.is_main and val_rows.shape[0] * cfg.model.seq_len < run.val_tokens:
+        _warn(f"run.val_tokens = {run.val_tokens:,} but the validation split holds "
+              f"{val_rows.shape[0] * cfg.model.seq_len:,} tokens: validating on all of them")
 
     f_token = accounting.train_flops_per_token(cfg.model)
     tokens_per_step = cfg.tokens_per_step
@@ -634,6 +637,13 @@ def micro_batches(cfg: TrainConfig, device: torch.device, world: int = 1) -> mem
                           f"{memory.fmt_bytes(mb.train_peak)} (predicted, loopscale.memory) but one process on "
                           f"{device} has {memory.fmt_bytes(limit or 0)} usable; use a larger device, more "
                           "processes or a smaller model", value="auto")
+    peak = max(mb.train_peak, mb.val_peak)
+    if total is not None and peak > total:  # it cannot run here: refuse now, not after minutes of swapping
+        m, r = cfg.model, cfg.run
+        raise ConfigError("run.micro_batch", f"{mb.train} rows of {m.seq_len} tokens at d_model = {m.d_model}, "
+                          f"L_eff = {m.L_eff} need {memory.fmt_bytes(peak)} (predicted, loopscale.memory) but "
+                          f"{device} has {memory.fmt_bytes(total)} in all; set run.micro_batch = \"auto\", a "
+                          "smaller run.batch_size or a smaller model", value=r.micro_batch)
     return mb
 
 
