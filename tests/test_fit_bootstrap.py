@@ -65,7 +65,7 @@ def _two_variants(phi_b: float, seed: int) -> pd.DataFrame:
     return pd.concat([base, other], ignore_index=True)
 
 
-FAST = dict(bootstrap=60, restarts=150, restricted=(), per_r=False, checks=False)
+FAST = dict(bootstrap=60, lr_draws=200, restarts=150, restricted=(), per_r=False, checks=False)
 
 
 def test_delta_phi_between_variants_has_a_paired_bootstrap_ci_and_sign_fraction():

@@ -52,7 +52,7 @@ def test_a_law_that_ignores_the_loop_extrapolates_worse_across_r():
 def test_restricted_fits_get_held_out_errors_and_the_wrong_phi_predicts_worse():
     from loopscale.fit import FitSettings, fit_runs
 
-    settings = FitSettings(restarts=60, bootstrap=0, per_r=False, checks_restarts=30)
+    settings = FitSettings(restarts=60, bootstrap=0, lr_draws=200, per_r=False, checks_restarts=30)
     rec = fit_runs(synthetic_runs(0.46, seed=8), settings)["variants"]["baseline"]
     free = rec["checks"]["held_out"]
     lor = rec["checks"]["leave_one_r_out"]

@@ -11,7 +11,7 @@ from loopscale.cli import run_app
 from loopscale.errors import ConfigError
 from loopscale.fit import read_fit, synthetic_runs, write_fit
 
-QUICK = ["--bootstrap", "20", "--restarts", "60", "--no-checks"]
+QUICK = ["--bootstrap", "20", "--lr-draws", "200", "--restarts", "60", "--no-checks"]
 
 
 @pytest.fixture(scope="module")

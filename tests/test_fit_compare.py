@@ -11,7 +11,7 @@ from loopscale.cli import run_app
 from loopscale.fit import FitSettings, fit_runs, synthetic_runs
 from loopscale.fit.compare import compare, p_value
 
-QUICK = FitSettings(restarts=40, bootstrap=40, per_r=False, checks=False, restricted=(), law_variants=())
+QUICK = FitSettings(restarts=40, bootstrap=40, lr_draws=200, per_r=False, checks=False, restricted=(), law_variants=())
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def test_p_value_is_two_sided():
 
 def test_cli_compare_prints_the_test_and_stores_it(tmp_path, capsys):
     synthetic_runs(0.459, seed=12).to_csv(tmp_path / "runs.csv", index=False)
-    args = ["fit", str(tmp_path / "runs.csv"), "--restarts", "40", "-b", "30", "--no-checks", "--no-per-r",
+    args = ["fit", str(tmp_path / "runs.csv"), "--restarts", "40", "-b", "30", "--lr-draws", "200", "--no-checks", "--no-per-r",
             "--no-restricted", "--no-law-variants", "--compare", "paper"]
     assert run_app(args) == 0
     out = capsys.readouterr().out

@@ -20,7 +20,7 @@ from loopscale.fit.optima import template_config
 from loopscale.fit.table import as_runs
 from loopscale.fit.verdict import data_rule, phi_verdict
 
-QUICK = FitSettings(restarts=40, bootstrap=10, per_r=False, checks=False, restricted=(), law_variants=())
+QUICK = FitSettings(restarts=40, bootstrap=10, lr_draws=200, per_r=False, checks=False, restricted=(), law_variants=())
 CPU_TEMPLATE = {"vocab_size": 257, "head_dim": 16, "L_eff": 12, "n_prelude": 2, "n_coda": 2, "seq_len": 128,
                 "injection": "linear"}
 CPU_LAW = {"E": 1.0, "A": 20.0, "alpha": 0.3, "B": 200.0, "beta": 0.35, "phi": 0.8}
@@ -90,7 +90,7 @@ def test_two_r_values_skip_leave_one_r_out_with_a_warning():
     two = df[df["r"].isin([1, 2])]
     law = JointLaw(restarts=30).fit(two)
     assert leave_one_r_out(law, as_runs(two), restarts=20) == {}
-    fit = fit_runs(two, FitSettings(restarts=30, bootstrap=0, per_r=False, restricted=(), law_variants=(),
+    fit = fit_runs(two, FitSettings(restarts=30, bootstrap=0, lr_draws=200, per_r=False, restricted=(), law_variants=(),
                                     checks_restarts=20))
     assert any("leave-one-r-out skipped" in w for w in fit["warnings"])
 
@@ -101,7 +101,7 @@ def test_fit_plan_and_json_print_the_reports_verdict(tmp_path, capsys):
     df = df[df["r"].isin([1, 4])]
     df["val_loss"] += 0.08 * np.random.default_rng(0).standard_normal(len(df))  # too noisy to pin phi
     df.to_csv(tmp_path / "runs.csv", index=False)
-    args = ["fit", str(tmp_path / "runs.csv"), "--restarts", "40", "-b", "20", "--no-checks", "--no-per-r",
+    args = ["fit", str(tmp_path / "runs.csv"), "--restarts", "40", "-b", "20", "--lr-draws", "200", "--no-checks", "--no-per-r",
             "--no-law-variants"]
     assert run_app(args) == 0
     out = capsys.readouterr().out
@@ -121,7 +121,7 @@ def test_fit_plan_and_json_print_the_reports_verdict(tmp_path, capsys):
 # ---- the planner: r range and units --------------------------------------------------------------
 def test_plan_refuses_r_outside_the_fit_and_works_in_the_fits_units(tmp_path, capsys):
     cpu_runs().to_csv(tmp_path / "runs.csv", index=False)
-    assert run_app(["fit", str(tmp_path / "runs.csv"), "--restarts", "40", "-b", "10", "--no-checks",
+    assert run_app(["fit", str(tmp_path / "runs.csv"), "--restarts", "40", "-b", "10", "--lr-draws", "200", "--no-checks",
                     "--no-per-r", "--no-law-variants"]) == 0
     out = capsys.readouterr().out
     assert "0.0M" not in out and "k" in out  # the frontier's N* in thousands, not "0.0M"
@@ -185,7 +185,7 @@ def test_big_tables_get_a_progress_note_and_the_seed_means_hint(tmp_path, capsys
 
     monkeypatch.setattr(cli_fit, "BIG_TABLE", 200)
     seeds_table(2).to_csv(tmp_path / "runs.csv", index=False)
-    assert run_app(["fit", str(tmp_path / "runs.csv"), "--restarts", "30", "-b", "4", "--no-checks", "--no-per-r",
+    assert run_app(["fit", str(tmp_path / "runs.csv"), "--restarts", "30", "-b", "4", "--lr-draws", "200", "--no-checks", "--no-per-r",
                     "--no-restricted", "--no-law-variants"]) == 0
     err = capsys.readouterr().err
     assert "232 runs" in err and "--seed-means" in err and "116 design points" in err
@@ -212,7 +212,7 @@ def test_fit_on_a_sweep_dir_uses_its_fit_table_unless_told_otherwise(tmp_path, c
     sweep.mkdir()
     synthetic_runs(0.46, seed=7).to_csv(sweep / "runs.csv", index=False)
     (sweep / "spec.toml").write_text('[sweep]\nname = "x"\n\n[fit]\ndelta = 0.02\n', encoding="utf-8")
-    args = ["--restarts", "30", "-b", "0", "--no-checks", "--no-per-r", "--no-restricted", "--no-law-variants"]
+    args = ["--restarts", "30", "-b", "0", "--lr-draws", "200", "--no-checks", "--no-per-r", "--no-restricted", "--no-law-variants"]
     assert run_app(["fit", str(sweep), *args]) == 0
     assert "using [fit] delta = 0.02" in capsys.readouterr().err
     assert read_fit(sweep / "fit.json")["settings"]["delta"] == 0.02

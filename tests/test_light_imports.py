@@ -55,7 +55,7 @@ synthetic_runs(0.46, seed=4).to_csv({str(runs)!r}, index=False)
 cores.nvidia_driver = lambda: False  # as on a host without a GPU
 commands = {{
     "sweep plan": ["sweep", "plan", "demo", "--no-calibrate"],
-    "fit": ["fit", {str(runs)!r}, "--bootstrap", "0", "--restarts", "5", "--no-checks", "--no-per-r",
+    "fit": ["fit", {str(runs)!r}, "--bootstrap", "0", "--lr-draws", "0", "--restarts", "5", "--no-checks", "--no-per-r",
             "--no-restricted", "--no-law-variants", "--out", {str(fit)!r}],
     "plan --fit": ["plan", "-C", "1e19", "--fit", {str(fit)!r}],
     "plan --paper": ["plan", "-C", "1e19", "--paper"],

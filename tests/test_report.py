@@ -23,7 +23,7 @@ from loopscale.report.data import axes_scores
 from loopscale.report.figures import FIGURES
 
 NAMES = [name for name, _, _ in FIGURES]
-QUICK = FitSettings(restarts=60, bootstrap=20, checks=False, per_r=False)
+QUICK = FitSettings(restarts=60, bootstrap=20, lr_draws=200, checks=False, per_r=False)
 AXES = ("knowledge", "reading", "math", "reasoning", "symbolic")
 
 
@@ -215,7 +215,8 @@ def test_r1_only_table_is_labelled_not_identified_and_missing_axes_say_not_evalu
     runs = synthetic_runs(0.46, seed=4)
     runs[runs["r"] == 1].to_csv(tmp_path / "runs.csv", index=False)
     out = tmp_path / "report"
-    code = run_app(["report", str(tmp_path / "runs.csv"), "--out", str(out), "--bootstrap", "8", "--restarts", "30"])
+    code = run_app(["report", str(tmp_path / "runs.csv"), "--out", str(out), "--bootstrap", "8", "--lr-draws", "200",
+                    "--restarts", "30"])
     assert code == 0
     assert NOT_IDENTIFIED in capsys.readouterr().out
     assert (out / "fit.json").is_file()  # the report ran the fit and kept it
@@ -232,7 +233,7 @@ def test_r1_only_table_is_labelled_not_identified_and_missing_axes_say_not_evalu
 def test_pure_noise_table_is_labelled_not_identified():
     runs = synthetic_runs(0.46, seed=7)
     runs["val_loss"] = 2.6 + 0.15 * np.random.default_rng(0).standard_normal(len(runs))
-    settings = FitSettings(restarts=40, bootstrap=8, restricted=(), per_r=False, checks=False)
+    settings = FitSettings(restarts=40, bootstrap=8, lr_draws=200, restricted=(), per_r=False, checks=False)
     v = phi_verdict(fit_runs(runs, settings))
     assert not v.resolved and v.label == NOT_IDENTIFIED
     assert any("R² = " in r for r in v.reasons)

@@ -20,7 +20,7 @@ from loopscale.report.build import save_figure
 from loopscale.report.figures import FIGURES, _grid, _renderer, fig_isoflop
 from loopscale.report.render import CSS
 
-QUICK = FitSettings(restarts=40, bootstrap=10, checks=False, per_r=False)
+QUICK = FitSettings(restarts=40, bootstrap=10, lr_draws=200, checks=False, per_r=False)
 RS = (1, 2, 4)  # three r values and two budgets: the shape that cut the iso-FLOP legend off
 
 

@@ -345,7 +345,7 @@ def test_width_rule_can_centre_on_a_fit_file(tmp_path: Path) -> None:
     from loopscale.fit import FitSettings, fit_runs, load_runs, synthetic_runs, write_fit
 
     synthetic_runs(sigma=0.002).to_csv(tmp_path / "runs.csv", index=False)
-    fit = fit_runs(load_runs(tmp_path / "runs.csv"), FitSettings(restarts=40, bootstrap=0, restricted=(),
+    fit = fit_runs(load_runs(tmp_path / "runs.csv"), FitSettings(restarts=40, bootstrap=0, lr_draws=200, restricted=(),
                                                                 per_r=False, checks=False))
     write_fit(tmp_path / "fit.json", fit)
     data = load_spec("paper").raw

@@ -21,13 +21,15 @@ def report(
     axes: Path | None = typer.Option(None, "--axes", help="Axes table (default: axes.csv in the sweep dir)."),
     bootstrap: int | None = typer.Option(None, "--bootstrap", "-b", help="Resamples if the report fits (200)."),
     restarts: int | None = typer.Option(None, "--restarts", help="Random starts if the report fits (500)."),
+    lr_draws: int | None = typer.Option(None, "--lr-draws", help="Wild-bootstrap tables of φ's interval and "
+                                        "tests if the report fits (2000)."),
 ) -> None:
     """Write the report: iso-FLOP curves, frontier, parity, residuals, phi, equivalence, axes, test time."""
     from loopscale.errors import ConfigError
     from loopscale.report import make_report
     from loopscale.report.honesty import phi_verdict
 
-    if fit_file is not None and (bootstrap is not None or restarts is not None):
+    if fit_file is not None and (bootstrap is not None or restarts is not None or lr_draws is not None):
         raise ConfigError("--bootstrap", "only used when the report fits; drop it or drop --fit")
     with err_console.status("report") as status:
         index = make_report(
@@ -36,6 +38,7 @@ def report(
             fit=fit_file,
             axes=axes,
             bootstrap=bootstrap,
+            lr_draws=lr_draws,
             restarts=restarts,
             progress=lambda msg: status.update(escape(msg)),
         )

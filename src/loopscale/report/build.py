@@ -93,6 +93,7 @@ def make_report(
     fit: str | Path | dict[str, Any] | None = None,
     axes: str | Path | pd.DataFrame | None = None,
     bootstrap: int | None = None,
+    lr_draws: int | None = None,
     *,
     restarts: int | None = None,
     formats: tuple[str, ...] = FORMATS,
@@ -104,13 +105,15 @@ def make_report(
     fit        a fit file (path or dict from ``fit_runs``); None: fit now (saved as OUT/fit.json)
     axes       the axes table (path or DataFrame); None: ``axes.csv`` in the sweep dir, if any
     bootstrap  resamples when the report fits (default: the paper's 200); ignored with ``fit``
+    lr_draws   wild-bootstrap tables of the interval and tests when the report fits (default 2000)
     restarts   random starts when the report fits (default: the paper's 500)
     """
     if "png" not in formats:
         raise ValueError("formats must include 'png' (the page embeds the PNGs)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    inputs = load_inputs(runs, out, fit=fit, axes=axes, bootstrap=bootstrap, restarts=restarts, progress=progress)
+    inputs = load_inputs(runs, out, fit=fit, axes=axes, bootstrap=bootstrap, lr_draws=lr_draws, restarts=restarts,
+                         progress=progress)
     ctx = ReportContext.build(inputs)
     panels = build_panels(ctx, out, formats, progress)
     top = [tables.coefficients_table(ctx)]

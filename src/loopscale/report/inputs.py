@@ -131,6 +131,7 @@ def load_inputs(
     bootstrap: int | None = None,
     restarts: int | None = None,
     progress: Callable[[str], None] | None = None,
+    lr_draws: int | None = None,
 ) -> ReportInputs:
     """Load the runs, read or run the fit, and find the axes table."""
     say = progress or (lambda _msg: None)
@@ -142,6 +143,8 @@ def load_inputs(
             settings.bootstrap = int(bootstrap)
         if restarts is not None:
             settings.restarts = int(restarts)
+        if lr_draws is not None:
+            settings.lr_draws = int(lr_draws)
         say(f"no fit file given: fitting ({settings.restarts} starts, {settings.bootstrap} resamples)")
         doc = fit_runs(table, settings, progress=say)
         path = write_fit(Path(out_dir) / "fit.json", doc)
