@@ -190,5 +190,5 @@ def test_a_broken_fit_file_is_one_line(tmp_path: Path) -> None:
     doc["variants"]["baseline"]["law"]["params"]["phi"] = "about a half"
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(doc))
-    with pytest.raises(ConfigError, match="law.params.phi: expected a finite number"):
+    with pytest.raises(ConfigError, match=r"law\.params\.phi: expected a finite number"):
         load_fit(bad)

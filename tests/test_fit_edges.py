@@ -101,8 +101,8 @@ def test_fit_plan_and_json_print_the_reports_verdict(tmp_path, capsys):
     df = df[df["r"].isin([1, 4])]
     df["val_loss"] += 0.08 * np.random.default_rng(0).standard_normal(len(df))  # too noisy to pin phi
     df.to_csv(tmp_path / "runs.csv", index=False)
-    args = ["fit", str(tmp_path / "runs.csv"), "--restarts", "40", "-b", "20", "--lr-draws", "200", "--no-checks", "--no-per-r",
-            "--no-law-variants"]
+    args = ["fit", str(tmp_path / "runs.csv"), "--restarts", "40", "-b", "20", "--lr-draws", "200", "--no-checks",
+            "--no-per-r", "--no-law-variants"]
     assert run_app(args) == 0
     out = capsys.readouterr().out
     v = phi_verdict(read_fit(tmp_path / "fit.json"))
@@ -121,8 +121,8 @@ def test_fit_plan_and_json_print_the_reports_verdict(tmp_path, capsys):
 # ---- the planner: r range and units --------------------------------------------------------------
 def test_plan_refuses_r_outside_the_fit_and_works_in_the_fits_units(tmp_path, capsys):
     cpu_runs().to_csv(tmp_path / "runs.csv", index=False)
-    assert run_app(["fit", str(tmp_path / "runs.csv"), "--restarts", "40", "-b", "10", "--lr-draws", "200", "--no-checks",
-                    "--no-per-r", "--no-law-variants"]) == 0
+    assert run_app(["fit", str(tmp_path / "runs.csv"), "--restarts", "40", "-b", "10", "--lr-draws", "200",
+                    "--no-checks", "--no-per-r", "--no-law-variants"]) == 0
     out = capsys.readouterr().out
     assert "0.0M" not in out and "k" in out  # the frontier's N* in thousands, not "0.0M"
     fit = tmp_path / "fit.json"
@@ -185,8 +185,8 @@ def test_big_tables_get_a_progress_note_and_the_seed_means_hint(tmp_path, capsys
 
     monkeypatch.setattr(cli_fit, "BIG_TABLE", 200)
     seeds_table(2).to_csv(tmp_path / "runs.csv", index=False)
-    assert run_app(["fit", str(tmp_path / "runs.csv"), "--restarts", "30", "-b", "4", "--lr-draws", "200", "--no-checks", "--no-per-r",
-                    "--no-restricted", "--no-law-variants"]) == 0
+    assert run_app(["fit", str(tmp_path / "runs.csv"), "--restarts", "30", "-b", "4", "--lr-draws", "200",
+                    "--no-checks", "--no-per-r", "--no-restricted", "--no-law-variants"]) == 0
     err = capsys.readouterr().err
     assert "232 runs" in err and "--seed-means" in err and "116 design points" in err
 
@@ -212,7 +212,8 @@ def test_fit_on_a_sweep_dir_uses_its_fit_table_unless_told_otherwise(tmp_path, c
     sweep.mkdir()
     synthetic_runs(0.46, seed=7).to_csv(sweep / "runs.csv", index=False)
     (sweep / "spec.toml").write_text('[sweep]\nname = "x"\n\n[fit]\ndelta = 0.02\n', encoding="utf-8")
-    args = ["--restarts", "30", "-b", "0", "--lr-draws", "200", "--no-checks", "--no-per-r", "--no-restricted", "--no-law-variants"]
+    args = ["--restarts", "30", "-b", "0", "--lr-draws", "200", "--no-checks", "--no-per-r", "--no-restricted",
+            "--no-law-variants"]
     assert run_app(["fit", str(sweep), *args]) == 0
     assert "using [fit] delta = 0.02" in capsys.readouterr().err
     assert read_fit(sweep / "fit.json")["settings"]["delta"] == 0.02
