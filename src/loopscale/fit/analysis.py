@@ -3,8 +3,10 @@
 For each variant (its r > 1 runs plus every r = 1 run): the joint law (best of many starts),
 the restricted fits phi = 0 and phi = 1, per-r Chinchilla fits, a block bootstrap over
 (budget, r) cells with percentile CIs for every coefficient and derived quantity, the empirical
-and law-based compute-optimal analysis, and the validation checks. Between variants: Delta-phi
-with its bootstrap CI from *paired* resamples (one cell draw is shared by all variants, so the
+and law-based compute-optimal analysis, the validation checks, and the calibrated inference
+(``fit/inference.py``: phi's profile-likelihood interval and tests from a wild cluster bootstrap, the
+record every verdict and sentence reads). Between variants: Delta-phi with its calibrated interval and
+test, and the bootstrap CI from *paired* resamples (one cell draw is shared by all variants, so the
 shared r = 1 runs enter both fits identically).
 """
 
@@ -404,7 +406,7 @@ def _law_variants(law: JointLaw, vruns: Any, settings: FitSettings, say: Callabl
 
 def _held_out_of_rejected(rec: dict[str, Any], law: JointLaw, vruns: Any, settings: FitSettings) -> None:
     """A rejected phi = x without a restricted fit (the paper's 0.46): fit it and run the held-out checks, so
-    "rules out" can rest on both the test and the held-out error (docs/fit.md, "Claims")."""
+    "rules out" can rest on both the test and the held-out error (docs/fit.md, "Inference")."""
     free_held = (rec.get("checks") or {}).get("held_out")
     for t in rec["inference"]["tests"].values():
         if not t["rejected"] or t["held_out_worse"] is not None:
