@@ -127,3 +127,26 @@ def test_more_threads_than_cores_is_refused_in_one_line() -> None:
     with pytest.raises(ConfigError, match=r"run.threads: expected at most \d+"):
         setup_threads(1000, Dist(0, 1, 0))
     assert setup_threads(1, Dist(0, 1, 0)) == 1  # the tests' own setting (conftest: one thread per test)
+
+
+def test_a_file_where_a_folder_must_be_is_one_line_naming_the_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """`report --out FILE`, `fit -o FILE/fit.json` and `sweep run --out FILE` ended in FileExistsError /
+    NotADirectoryError tracebacks (issue 29); the file system's refusal is now one line naming the path, exit 1."""
+    import pandas as pd
+
+    from loopscale.fit.synthetic import synthetic_runs
+
+    monkeypatch.chdir(tmp_path)
+    runs = tmp_path / "runs.csv"
+    df = synthetic_runs(0.46, sigma=0.01, seed=0)
+    pd.DataFrame(df).to_csv(runs, index=False)
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a folder")
+    for argv in (["fit", str(runs), "--restarts", "5", "-b", "0", "--lr-draws", "0", "--no-checks", "--no-per-r",
+                  "--no-restricted", "--no-law-variants", "-o", str(blocker / "fit.json")],
+                 ["sweep", "run", "quick", "--out", str(blocker), "--no-progress"]):
+        assert run_app(argv) == 1, argv
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {blocker}") and "Traceback" not in err, err
+    assert blocker.read_text() == "not a folder"

@@ -84,6 +84,13 @@ def run_app(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         err_console.print("interrupted; rerun the same command to resume")
         return 130
+    except OSError as exc:  # the file system said no (a file where a folder must be, read-only, full): one line
+        if debug or exc.filename is None:
+            raise
+        where = str(exc.filename) + (f" -> {exc.filename2}" if exc.filename2 else "")
+        err_console.print(f"[bold red]error:[/] {escape(where)}: {escape(exc.strerror or type(exc).__name__)}",
+                          markup=True, highlight=False, soft_wrap=True)
+        return 1
     except SystemExit as exc:  # typer's own exits (--help)
         return int(exc.code or 0) if not isinstance(exc.code, str) else 1
     except Exception as exc:  # click usage errors raised in non-standalone mode (typer's click or click)
