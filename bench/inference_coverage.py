@@ -65,7 +65,8 @@ def _one(job: tuple[Any, dict[str, float], Noise, float, int, int, int, str, boo
     cells = grid_cells(grid)
     rng = np.random.default_rng([seed, i])
     v = inf.webb_weights(int(cells.max()) + 1, draws, rng)
-    state = inf.VariantInference.run(law, data, cells, v, "huber", delta, seed + i, errors)
+    state = inf.VariantInference.run(law.theta_, law.objective_, law.bounds(), data, cells, v, "huber", delta,
+                                     seed + i, errors)
     iv = state.interval(0.95)
     p1 = inf.p_value(state.stat_at(1.0), state.null.stat)
     p0 = inf.p_value(state.stat_at(0.0), state.null.stat)

@@ -96,7 +96,8 @@ def test_the_interval_ends_move_by_less_than_0_02_between_seeds_on_the_demos_own
     ends, verdicts = [], []
     for seed in range(4):
         v = inf.webb_weights(int(cells.max()) + 1, 1000, np.random.default_rng([seed, 1]))
-        st = inf.VariantInference.run(law, data, cells, v, "huber", 0.02, seed)
+        st = inf.VariantInference.run(law.theta_, law.objective_, law.bounds(), data, cells, v, "huber", 0.02,
+                                      seed)
         iv = st.interval(0.95)
         ends.append(iv["ci"])
         verdicts.append(tuple(inf.p_value(st.stat_at(x), st.null.stat) < 0.05 for x in (0.0, 1.0)))
@@ -206,7 +207,7 @@ def test_a_large_table_runs_its_inference_on_design_points() -> None:
                     for s in range(9)], ignore_index=True)  # 1,044 runs on 116 design points
     law = JointLaw(restarts=50).fit(df)
     cells, _ = bootstrap_cells(df)
-    st = inf.VariantInference.run(law, LawData.from_frame(df), cells,
+    st = inf.VariantInference.run(law.theta_, law.objective_, law.bounds(), LawData.from_frame(df), cells,
                                   inf.webb_weights(int(cells.max()) + 1, 200, np.random.default_rng(0)),
                                   "huber", 1e-3, 0)
     assert st.screened and len(st.data) == 116 and st.weights is not None and st.weights.sum() == len(df)

@@ -321,7 +321,8 @@ def fit_runs(
         if settings.lr_draws and law.phi_identifiable_ and settings.fixed_phi is None:
             say(f"[{v}] inference: profile of φ, {settings.lr_draws} wild-bootstrap tables")
             state = inference_mod.VariantInference.run(
-                law, LawData.from_frame(vdf), cells[mask], V_all, settings.loss, settings.delta, settings.seed)
+                law.theta_, law.objective_, law.bounds(), LawData.from_frame(vdf), cells[mask], V_all,
+                settings.loss, settings.delta, settings.seed)
             inf_state[v] = state
             rec["inference"] = state.record(settings.ci_level, rec, boot, tuple(settings.restricted),
                                              paper=not is_control_refit(v))
@@ -423,8 +424,7 @@ def _at_bounds_counts(theta: np.ndarray, bounds: Any, phi_free: bool) -> dict[st
     """Per coefficient: bootstrap draws whose optimum sits at its box bound."""
     from loopscale.fit.formula import PARAMS
 
-    span = bounds.upper - bounds.lower
-    at = (theta <= bounds.lower + 1e-6 * span) | (theta >= bounds.upper - 1e-6 * span)
+    at = inference_mod.at_bounds(theta, bounds)
     names = {"a": "A", "b": "B", "e": "E"}
     return {names.get(p, p): int(at[:, k].sum()) for k, p in enumerate(PARAMS) if phi_free or p != "phi"}
 

@@ -173,23 +173,11 @@ def _one(job: tuple[pd.DataFrame, np.ndarray, Noise, DesignSettings, int, bool])
     if with_bootstrap and st.lr_draws:  # the interval `loopscale fit` quotes (docs/fit.md, "Inference")
         from loopscale.fit import inference
 
-        law = _Fitted(best.theta, best.objective, bounds)
         v = inference.webb_weights(int(cells.max()) + 1, st.lr_draws, rng)
-        state = inference.VariantInference.run(law, data, cells, v, st.loss, st.delta, st.seed + i)
+        state = inference.VariantInference.run(best.theta, best.objective, bounds, data, cells, v, st.loss,
+                                                st.delta, st.seed + i)
         out["lr_ci"] = tuple(state.interval(st.ci_level)["ci"])
     return out
-
-
-@dataclass
-class _Fitted:
-    """What ``inference.VariantInference.run`` reads of a fitted law."""
-
-    theta_: np.ndarray
-    objective_: float
-    _bounds: Bounds
-
-    def bounds(self) -> Bounds:
-        return self._bounds
 
 
 def _bracketed(grid: pd.DataFrame, L: np.ndarray) -> dict[str, bool]:

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from loopscale.fit.bootstrap import percentile_ci
 from loopscale.fit.formula import N_THETA, PHI, LawData, residuals
 from loopscale.fit.optimiser import Bounds, lm_batch, single_thread
 
@@ -413,24 +414,24 @@ class VariantInference:
     screened: bool = False
 
     @classmethod
-    def run(cls, law: Any, data: LawData, cells: np.ndarray, v: np.ndarray, loss: str, delta: float,
-            seed: int, errors: str = "jackknife") -> VariantInference:
+    def run(cls, theta_hat: np.ndarray, f_hat: float, bounds: Bounds, data: LawData, cells: np.ndarray,
+            v: np.ndarray, loss: str, delta: float, seed: int, errors: str = "jackknife") -> VariantInference:
+        """From the free fit's optimum (``theta_hat``, objective ``f_hat``, its box ``bounds``)."""
         from loopscale.fit.optimiser import Screen
 
-        bounds = law.bounds()
         screen = Screen.of(data)
-        weights, f_hat = None, law.objective_
+        weights = None
         if screen is not None:
             first = np.full(len(screen.data), -1)
             keep = np.flatnonzero(screen.group >= 0)
             first[screen.group[keep]] = keep
             data, cells, weights = screen.data, cells[first], screen.weights(np.ones(len(data)))[0]
-            f_hat = float(fit_batch(data, np.atleast_2d(law.theta_)[None], bounds, phi_free=True, loss=loss,
+            f_hat = float(fit_batch(data, np.atleast_2d(theta_hat)[None], bounds, phi_free=True, loss=loss,
                                     delta=delta, weights=weights)[1][0])
-        null = null_draws(data, law.theta_, cells, v, bounds, loss=loss, delta=delta, seed=seed + 2, errors=errors,
+        null = null_draws(data, theta_hat, cells, v, bounds, loss=loss, delta=delta, seed=seed + 2, errors=errors,
                           weights=weights)
-        prof = profile(data, law.theta_, f_hat, bounds, loss=loss, delta=delta, seed=seed + 3, weights=weights)
-        return cls(data, law.theta_, bounds, loss, delta, prof, null, weights, screen is not None)
+        prof = profile(data, theta_hat, f_hat, bounds, loss=loss, delta=delta, seed=seed + 3, weights=weights)
+        return cls(data, theta_hat, bounds, loss, delta, prof, null, weights, screen is not None)
 
     def interval(self, level: float) -> dict[str, Any]:
         """The profile interval at ``level``; the profile is refined around its ends first (kept)."""
@@ -476,8 +477,8 @@ class VariantInference:
             "tests": tests,
             "secondary": secondary,
             "null": {"n": len(nul.stat), "unit": "cell (budget, r)", "weights": "webb", "stat": nul.stat.tolist(),
-                     "phi_percentile_ci": list(_pct(nul.phi, level)),
-                     "at_bounds_fraction": float(np.mean(_at_bounds(nul.theta_free, self.bounds)))},
+                     "phi_percentile_ci": list(percentile_ci(nul.phi, level)),
+                     "at_bounds_fraction": float(np.mean(at_bounds(nul.theta_free, self.bounds).any(axis=1)))},
             "profile": {"phi": self.prof.phi.tolist(), "stat": self.prof.stat.tolist()},
         }
 
@@ -495,15 +496,10 @@ def test_value(record: dict[str, Any], x: float) -> float | None:
     return p_value(t, np.asarray(null["stat"], dtype=float))
 
 
-def _pct(x: np.ndarray, level: float) -> tuple[float, float]:
-    from loopscale.fit.bootstrap import percentile_ci
-
-    return percentile_ci(x, level)
-
-
-def _at_bounds(theta: np.ndarray, bounds: Bounds) -> np.ndarray:
+def at_bounds(theta: np.ndarray, bounds: Bounds) -> np.ndarray:
+    """(B, 6): which coefficients of each fit sit at their box bound (as ``JointLaw.at_bounds_``: 1e-6 of the span)."""
     span = bounds.upper - bounds.lower
-    return ((theta <= bounds.lower + 1e-6 * span) | (theta >= bounds.upper - 1e-6 * span)).any(axis=1)
+    return (theta <= bounds.lower + 1e-6 * span) | (theta >= bounds.upper - 1e-6 * span)
 
 
 def delta_record(ref: VariantInference, var: VariantInference, level: float,
@@ -528,7 +524,8 @@ def delta_record(ref: VariantInference, var: VariantInference, level: float,
         "estimate": d_hat, "ci": iv["ci"], "level": level, "method": METHOD, "open": iv["open"],
         "disjoint": iv["disjoint"], "mc_sd": iv["mc_sd"], "critical_value": iv["critical_value"],
         "tests": {"delta_phi=0": {"value": 0.0, "stat": t0, "p": p, "rejected": p < 1 - level}},
-        "secondary": {"method": "paired percentile block bootstrap", "ci": list(_pct(draws, level)) if draws.size
-                      else None, "mc_sd": percentile_mc_sd(draws, level) if draws.size else None},
+        "secondary": {"method": "paired percentile block bootstrap",
+                      "ci": list(percentile_ci(draws, level)) if draws.size else None,
+                      "mc_sd": percentile_mc_sd(draws, level) if draws.size else None},
         "null": {"n": len(null)},
     }
