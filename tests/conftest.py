@@ -32,6 +32,10 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
+OK_RESULT = {"status": "ok", "val_loss": 3.0, "r": 2, "N_once": 1, "N_rec": 1, "D": 1}
+"""The least result.json a sweep counts as done (``store.result_problem``): stand-in workers write it."""
+
+
 def tiny_sweep_spec(run: dict | None = None, **sweep) -> dict:
     """2 budgets x 2 r x 2 widths of a 1 + 4 + 1 model at T = 64: 6-36 steps per run."""
     import copy

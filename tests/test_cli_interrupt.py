@@ -1,5 +1,6 @@
-"""Ctrl-C exits 130 from every command: typer turns an uncaught KeyboardInterrupt into a returned code, which
-``run_app`` used to drop (exit 0 with nothing written)."""
+"""Exit codes that tell the truth, over every command: Ctrl-C is 130 (typer turns an uncaught KeyboardInterrupt
+into a returned code, which ``run_app`` used to drop: exit 0 with nothing written), a user error is 2 and a
+refusal of the file system (read-only, full disk) is 1, each one line with no traceback (issue 29, item 3)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from loopscale.cli import app, run_app
+from loopscale.errors import ConfigError
 
 
 def _commands(typer_app: Any = app, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
@@ -38,6 +40,30 @@ def test_ctrl_c_in_any_command_exits_130(path: tuple[str, ...], monkeypatch: pyt
     monkeypatch.setattr(info, "callback", interrupted)
     assert run_app(list(path)) == 130
     assert "interrupted" in capsys.readouterr().err
+
+
+FAILURES: dict[str, tuple[BaseException, int, str]] = {
+    "user-error": (ConfigError("--x", "expected an int", value="y"), 2, "--x: expected an int (got 'y')"),
+    "read-only": (OSError(30, "Read-only file system", "/ro/fit.json"), 1, "/ro/fit.json: Read-only file system"),
+    "disk-full": (OSError(28, "No space left on device", "/full/x.tmp"), 1, "/full/x.tmp: No space left on device"),
+}
+
+
+@pytest.mark.parametrize("failure", sorted(FAILURES))
+@pytest.mark.parametrize("path", [path for path, _ in COMMANDS], ids=lambda p: " ".join(p))
+def test_a_failure_in_any_command_is_one_line_and_a_non_zero_exit(path: tuple[str, ...], failure: str,
+                                                                  monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    exc, code, line = FAILURES[failure]
+
+    def failing() -> None:
+        raise exc
+
+    info = dict(COMMANDS)[path]
+    monkeypatch.setattr(info, "name", path[-1])
+    monkeypatch.setattr(info, "callback", failing)
+    assert run_app(list(path)) == code
+    err = capsys.readouterr().err
+    assert " ".join(err.split()) == f"error: {line}" and "Traceback" not in err
 
 
 def test_ctrl_c_in_a_real_fit_exits_130_and_writes_no_fit_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

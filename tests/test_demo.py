@@ -118,3 +118,16 @@ def test_the_demo_runs_test_time_r_on_the_reference_recipes_looped_runs_at_its_t
     assert not pick(ref("loop1", 8e10, 1)) and not pick(ref("tbptt", 8e10, 4))  # other recipes
     assert not pick(ref("baseline", None, 2))
     assert not _test_time_runs(runs, "missing")(ref("baseline", 4e10, 2))
+
+
+def test_a_demo_dir_holding_another_presets_sweep_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """`demo --quick` then `demo` into the same folder would have mixed two presets' runs in one sweep dir."""
+    from loopscale.demo import run_demo
+    from loopscale.errors import ConfigError
+    from loopscale.sweep import load_spec, prepare
+
+    prepare(load_spec("quick"), tmp_path / "demo" / "sweep")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(ConfigError, match=r"holds a demo of another preset.*--out .*demo-demo"):
+        run_demo(tmp_path / "demo", preset="demo", progress=False)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before

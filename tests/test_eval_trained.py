@@ -164,3 +164,39 @@ def test_cli_errors_are_one_line(run_dir: Path, tmp_path: Path, capsys) -> None:
     assert "bigbench_dyck_languages" in capsys.readouterr().out
     with pytest.raises(ConfigError, match="r: must be a positive number"):
         evaluate_run(run_dir, "dyck", r_values=[0])
+
+
+def test_eval_holds_the_runs_lock_and_a_read_only_run_is_evaluated_without_a_cache(
+        run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """eval wrote its cache into a run dir without a lock (a run being trained again could be scored half-made),
+    and could not evaluate a read-only run dir at all (issue 29)."""
+    import socket
+    import subprocess
+    import sys
+
+    from loopscale import locks
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run, ignore=shutil.ignore_patterns("eval"))
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (run / locks.LOCK).write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(), "time": 0,
+                                                  "start": locks.start_time(holder.pid), "boot_id": locks.boot_id(),
+                                                  "executor": "local"}))
+        with pytest.raises(ConfigError, match=f"in use by another process.*pid {holder.pid}"):
+            evaluate_run(run, "dyck", limit=4)
+        assert not (run / "eval").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    [res], _ = evaluate_run(run, "dyck", limit=4)  # the holder is gone: its lock is stale
+    assert len(list((run / "eval").glob("*.json"))) == 1 and not (run / locks.LOCK).exists()
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(run / "lock.json"))
+
+    monkeypatch.setattr(locks, "acquire", read_only)
+    shutil.rmtree(run / "eval")
+    [again], notes = evaluate_run(run, "dyck", limit=4)
+    assert again.task("dyck").loss == res.task("dyck").loss and not (run / "eval").exists()
+    assert any("cannot write its eval cache (Permission denied); evaluated without one" in n for n in notes)

@@ -4,6 +4,7 @@ lm-eval as ``--model hf`` with the numbers of loopscale's own adapter."""
 
 import ast
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,38 @@ def test_lm_eval_hf_model_on_the_export_matches_the_loopscale_adapter(runs: dict
         assert [ll for ll, _ in hf[t]] == pytest.approx([ll for ll, _ in ours[t]], abs=1e-4)
         assert [g for _, g in hf[t]] == [g for _, g in ours[t]]
     assert hf["loopscale_toy_gen"] == ours["loopscale_toy_gen"]
+
+
+def test_export_refuses_a_run_being_trained_and_a_folder_another_export_holds(runs: dict[str, Path], tmp_path: Path,
+                                                                             capsys) -> None:
+    """`export` took no lock: it could read a run a trainer was rewriting, and two exports into one OUT
+    interleaved their files (issue 29, item 1)."""
+    import subprocess
+    import sys
+
+    from loopscale import locks
+    from loopscale.cli import run_app
+
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        info = {"pid": holder.pid, "start": locks.start_time(holder.pid), "boot_id": locks.boot_id()}
+        run = tmp_path / "run"
+        shutil.copytree(runs["plain"], run, ignore=shutil.ignore_patterns("hf"))
+        (run / locks.LOCK).write_text(json.dumps({**locks.holder(), **info, "executor": "loopscale train"}))
+        capsys.readouterr()
+        assert run_app(["export", str(run), str(tmp_path / "a")]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert "is being written now" in err and f"pid {holder.pid}" in err and not (tmp_path / "a").exists()
+        (run / locks.LOCK).write_text(json.dumps({**locks.holder(), **info, "executor": "loopscale eval"}))
+        assert run_app(["export", str(run), str(tmp_path / "a")]) == 0  # an evaluation only adds its cache
+        out = tmp_path / "b"
+        out.mkdir()
+        (out / locks.LOCK).write_text(json.dumps({**locks.holder(), **info, "executor": "loopscale export"}))
+        assert run_app(["export", str(run), str(out)]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert "a second export would mix with it" in err and list(out.iterdir()) == [out / locks.LOCK]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert run_app(["export", str(run), str(out)]) == 0  # its holder is gone: the stale lock is taken over
+    assert not (out / locks.LOCK).exists() and (out / "model.safetensors").exists()

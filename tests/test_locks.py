@@ -66,7 +66,7 @@ def test_loopscale_train_refuses_a_run_dir_another_process_trains(tmp_path: Path
     _write(run, pid=sleeper.pid, start=locks.start_time(sleeper.pid), boot_id=locks.boot_id(), executor="local")
     assert run_app(["train", str(tiny_toml(tmp_path)), "--out", str(run), "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert "is being trained by another process: held by pid" in err and "(local)" in err
+    assert "is in use by another process (a second training would mix with it): held by pid" in err and "(local)" in err
     assert "delete" in err and not (run / "metrics.jsonl").exists() and not (run / "config.toml").exists()
     sleeper.kill()
     sleeper.wait()  # its holder is gone: the lock is stale, the run trains, and the lock is released after

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import submitit
 
-from conftest import tiny_sweep_spec
+from conftest import OK_RESULT, tiny_sweep_spec
 from loopscale.sweep import prepare, spec_from_dict
 from loopscale.sweep.execute import runnable
 from loopscale.sweep.slurm import SlurmSettings, SweepTask, make_executor, submit
@@ -132,7 +132,7 @@ def test_a_run_failing_every_attempt_gives_up_after_max_retries_on_both_ranks(tm
 def test_rank_0_skipping_a_finished_run_trains_on_no_rank(sweep: tuple[SweepStore, str]) -> None:
     store, rid = sweep
     store.run_dir(rid).mkdir(parents=True, exist_ok=True)
-    (store.run_dir(rid) / "result.json").write_text(json.dumps({"status": "ok", "val_loss": 3.0}))
+    (store.run_dir(rid) / "result.json").write_text(json.dumps(OK_RESULT))
     job = _submit(store, CountingTask(str(store.root), 1), rid)
     assert _results(job) == ["skipped", "skipped"]
     assert _calls(store, rid) == [0, 0]

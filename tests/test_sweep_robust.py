@@ -216,7 +216,8 @@ def test_a_corrupt_sweep_json_is_counted_and_named_by_status_and_collect(mixed, 
     assert code == 0 and "2 runs:" in out and "1 corrupt" in out
     assert f"runs/{done}/sweep.json: unreadable" in out
     code, out = _cli(capsys, "sweep", "collect", str(root))
-    assert code == 0 and "1 corrupt" in out and f"corrupt, not in the table: runs/{done}/sweep.json" in out
+    assert code == 1 and "1 corrupt" in out and f"corrupt, not in the table: runs/{done}/sweep.json" in out
+    assert "1 run(s) left out" in out  # the table is written, the exit status says it is not whole
 
 
 def test_a_run_id_that_leaves_the_sweep_is_not_followed(mixed, tmp_path: Path, capsys) -> None:
@@ -231,11 +232,49 @@ def test_a_run_id_that_leaves_the_sweep_is_not_followed(mixed, tmp_path: Path, c
     meta["run_id"] = "../../outside"
     (root / "runs" / done / "sweep.json").write_text(json.dumps(meta))
     code, out = _cli(capsys, "sweep", "collect", str(root))
-    assert code == 0 and "1 corrupt" in out and "does not match its folder" in out, out
+    assert code == 1 and "1 corrupt" in out and "does not match its folder" in out, out
     table = (root / "runs.csv").read_text()
     assert "99.0" not in table and "outside" not in table
     with pytest.raises(ConfigError, match="would leave the sweep"):
         SweepStore(root).run_dir("../../outside")
+
+
+def test_a_run_dir_that_links_out_of_the_sweep_is_named_not_followed(mixed, tmp_path: Path, capsys) -> None:
+    """A run dir that is a symlink out of runs/ (from a colleague's tarball) is named as corrupt by collect and
+    refused by `sweep run`; nothing is read or written through it."""
+    import shutil
+
+    root, done, _failed = _copy(mixed, tmp_path)
+    outside = tmp_path / "elsewhere"
+    shutil.move(root / "runs" / done, outside)
+    (root / "runs" / done).symlink_to(outside, target_is_directory=True)
+    before = {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()}
+    code, out = _cli(capsys, "sweep", "collect", str(root))
+    assert code == 1 and f"runs/{done}: " in out and "a link out of the sweep" in out, out
+    assert done not in (root / "runs.csv").read_text()
+    code, out = _cli(capsys, "sweep", "run", str(root), "--no-progress")
+    assert code == 2 and "a link out of the sweep" in out and "Traceback" not in out
+    assert {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize(("edit", "named"), [
+    ({"val_loss": "3.1"}, "val_loss: expected a finite number, got '3.1'"),
+    ({"val_loss": None}, "val_loss: expected a finite number, got None"),
+    ({"D": -5}, "D: expected > 0, got -5"),
+    ({"r": 0}, "r: expected >= 1, got 0"),
+    ({"N_rec": [1]}, "N_rec: expected a finite number, got [1]"),
+    ({"status": "great"}, "status: expected one of ok, diverged, failed, got 'great'"),
+])
+def test_a_result_json_with_a_bad_field_is_corrupt_and_named_not_a_hole_in_the_table(
+        mixed, tmp_path: Path, capsys, edit: dict, named: str) -> None:
+    """collect coerced a string loss or a list to NaN and exited 0 (issue 29, item 6): the fit then refused a
+    table with a hole, far from the file at fault."""
+    root, done, _failed = _copy(mixed, tmp_path)
+    path = root / "runs" / done / "result.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **edit}))
+    code, out = _cli(capsys, "sweep", "collect", str(root))
+    assert code == 1 and f"runs/{done}/result.json: invalid ({named})" in " ".join(out.split()), out
+    assert done not in (root / "runs.csv").read_text()
 
 
 def test_a_corrupt_result_json_is_reported_then_set_aside_and_the_run_redone(mixed, tmp_path: Path, capsys) -> None:

@@ -338,8 +338,26 @@ def test_a_config_change_on_a_started_run_is_refused(finished, tmp_path: Path) -
     changed = tiny_spec()
     changed["train"]["optim"]["lr_scale"] = 0.5
     with pytest.raises(ConfigError, match="trained with a different config"):
-        prepare(spec_from_dict(changed), store.root)
+        prepare(spec_from_dict(changed), store.root, change_spec=True)
     assert load_spec(store.root).runs()[0].config.optim.lr_scale == 1.0
+
+
+def test_a_sweep_dir_belongs_to_one_spec_unless_asked(tmp_path: Path) -> None:
+    """A second spec for an existing sweep dir is refused before anything is written; --change-spec lets it
+    replace spec.toml where no run it would rewrite has begun (issue 29, item 2)."""
+    from loopscale.errors import ConfigError
+
+    store = prepare(spec_from_dict(tiny_spec()), tmp_path / "swm")
+    before = {p: p.read_bytes() for p in store.root.rglob("*") if p.is_file()}
+    changed = tiny_spec()
+    changed["train"]["optim"]["lr_scale"] = 3.0
+    with pytest.raises(ConfigError, match=r"already holds another spec.*--change-spec"):
+        prepare(spec_from_dict(changed, source="b.toml"), store.root)
+    assert {p: p.read_bytes() for p in store.root.rglob("*") if p.is_file()} == before
+    prepare(spec_from_dict(tiny_spec(), source="again.toml"), store.root)  # the same spec again: resumes
+    assert {p: p.read_bytes() for p in store.root.rglob("*") if p.is_file()} == before
+    prepare(spec_from_dict(changed), store.root, change_spec=True)  # nothing started: asked, it is replaced
+    assert load_spec(store.root).runs()[0].config.optim.lr_scale == 3.0
 
 
 def test_a_second_spec_cannot_rewrite_a_run_another_sweep_holds_or_has_begun(tmp_path: Path) -> None:
@@ -356,11 +374,11 @@ def test_a_second_spec_cannot_rewrite_a_run_another_sweep_holds_or_has_begun(tmp
     changed["train"]["optim"]["lr_scale"] = 3.0
     # sweep A holds its first run (no checkpoint yet)
     with locks.acquire(store.run_dir(first)), pytest.raises(ConfigError, match="or is being trained now"):
-        prepare(spec_from_dict(changed), store.root)
+        prepare(spec_from_dict(changed), store.root, change_spec=True)
     assert store.load_run(first).config.optim.lr_scale == 1.0
     (store.run_dir(second) / "config.toml").write_text("# the trainer's first file\n")
     with pytest.raises(ConfigError, match="different config"):
-        prepare(spec_from_dict(changed), store.root)
+        prepare(spec_from_dict(changed), store.root, change_spec=True)
     assert store.load_run(second).config.optim.lr_scale == 1.0
     assert store.load_run(first).config.optim.lr_scale == 1.0  # refused before writing any run's plan
 
@@ -374,7 +392,8 @@ def test_gpu_slots_run_one_worker_per_gpu_at_a_time(tmp_path: Path, monkeypatch:
         "d = Path(sys.argv[1]); (d / 'gpu.txt').write_text(os.environ['CUDA_VISIBLE_DEVICES'])\n"
         "(d / 'threads.txt').write_text(os.environ['LOOPSCALE_SLOT_CORES'] + ' ' + os.environ['OMP_NUM_THREADS'])\n"
         "(d / 'span.json').write_text(json.dumps([time.time(), time.time() + 0.4])); time.sleep(0.4)\n"
-        "(d / 'result.json').write_text(json.dumps({'status': 'ok', 'val_loss': 1.0, 'wall_s': 0.4}))\n"
+        "(d / 'result.json').write_text(json.dumps({'status': 'ok', 'val_loss': 1.0, 'wall_s': 0.4, 'r': 1,"
+        " 'N_once': 1, 'N_rec': 1, 'D': 1}))\n"
     )
     monkeypatch.setattr(local, "_worker_cmd",
                         lambda store, rid, retries, nproc: [sys.executable, "-c", worker, str(store.run_dir(rid))])

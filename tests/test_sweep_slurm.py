@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import submitit
 
-from conftest import tiny_sweep_spec
+from conftest import OK_RESULT, tiny_sweep_spec
 from loopscale.sweep import prepare, spec_from_dict
 from loopscale.sweep.slurm import SlurmSettings, SweepTask, resources, settings_from_spec, submit
 from loopscale.sweep.store import SweepStore
@@ -143,7 +143,7 @@ def test_fake_sbatch_gets_one_throttled_array_per_resource_group_and_only_unfini
     # two runs finished, one is still in the queue: a second `sweep run` submits the other five
     runs = spec.runs()
     for rs in runs[1:3]:
-        (store.run_dir(rs.run_id) / "result.json").write_text(json.dumps({"status": "ok", "val_loss": 3.0}))
+        (store.run_dir(rs.run_id) / "result.json").write_text(json.dumps(OK_RESULT))
     (fake_slurm / "alive").write_text(f"{queued[runs[3].run_id].lock['job_id']}\n")
     assert run_app(["sweep", "run", str(tmp_path / "sw"), "--executor", "slurm"]) == 0
     again = sorted(fake_slurm.glob("sbatch_*.sh"))[2:]

@@ -46,7 +46,7 @@ def run_demo(out: str | Path = "demo", *, preset: str = "demo", bootstrap: int |
     from loopscale.report.inputs import load_inputs
     from loopscale.report.plain import plain_headline
     from loopscale.report.tables import axes_table
-    from loopscale.sweep import load_spec, prepare, runs_table, write_table
+    from loopscale.sweep import SweepStore, holds_another_spec, load_spec, prepare, runs_table, write_table
 
     if preset not in PRESETS:
         raise ConfigError("--preset", f"expected one of {', '.join(PRESETS)}", value=preset)
@@ -55,6 +55,9 @@ def run_demo(out: str | Path = "demo", *, preset: str = "demo", bootstrap: int |
     t0 = time.time()
     spec = load_spec(PRESETS[preset])
     con.rule(_rich(f"[bold]1/4 sweep[/] ({preset}: {len(spec.runs())} runs) -> {escape(str(out / 'sweep'))}"))
+    if holds_another_spec(spec, SweepStore(out / "sweep")):  # e.g. `demo --quick`, then `demo` into the same dir
+        raise ConfigError("--out", f"{out} holds a demo of another preset (or an edited one); give this one its own "
+                          f"folder, e.g. --out {out}-{preset}", value=str(out))
     store = prepare(spec, out / "sweep")
     _sweep(spec, store, progress=progress, console=con, slots=slots)
     df, counts = runs_table(store)

@@ -202,3 +202,35 @@ def _take_over(run_dir: Path, tmp: Path, path: Path) -> bool:
             return False
         os.replace(tmp, path)
         return True
+
+
+@contextlib.contextmanager
+def held(run_dir: Path, *, field: str, doing: str, executor: str) -> Iterator[Lock]:
+    """Hold ``run_dir``'s lock for one command (`loopscale train`, `eval`'s cache, `export`); a live holder, or a
+    dir that cannot be written, is a one-line ``ConfigError`` naming ``field`` (the command's argument)."""
+    from loopscale.errors import ConfigError
+
+    d = Path(run_dir)
+    try:
+        lock = acquire(d, executor=executor)
+    except OSError as exc:
+        raise ConfigError(field, f"cannot write {d}: {exc.strerror or exc}", value=str(d)) from None
+    if lock is None:
+        raise ConfigError(field, f"{d} is in use by another process ({doing} would mix with it): "
+                          + describe(live(d) or {}, d), value=str(d))
+    with lock:
+        yield lock
+
+
+READERS = ("loopscale eval",)
+"""Holders that only add files beside a run (eval's cache): reading the run while they hold it is safe."""
+
+
+def refuse_if_held(run_dir: Path, *, field: str, doing: str) -> None:
+    """For readers of a run's files (export, eval): a run a live process is training may change under them."""
+    from loopscale.errors import ConfigError
+
+    info = live(Path(run_dir))
+    if info is not None and info.get("executor") not in READERS:
+        raise ConfigError(field, f"{run_dir} is being written now, so {doing} could read a half-made run: "
+                          + describe(info, Path(run_dir)), value=str(run_dir))

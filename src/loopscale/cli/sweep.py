@@ -147,6 +147,8 @@ def run(
     variant: list[str] = typer.Option([], "--variant", "-v", help="Only these variants (r = 1 runs included)."),
     set_: list[str] = typer.Option([], "--set", help="Dotted override of the spec."),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Give failed runs a fresh set of retries."),
+    change_spec: bool = typer.Option(False, "--change-spec", help="Let SPEC replace the sweep dir's spec.toml (runs "
+                                     "another config started are still refused)."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bars (one line per run)."),
     cluster: str = typer.Option("slurm", "--cluster", hidden=True, help="submitit backend: slurm, local, debug."),
     resubmit_queued: bool = typer.Option(False, "--resubmit-queued", help="slurm: resubmit queued runs even "
@@ -164,7 +166,7 @@ def run(
     runs = spec.runs(variant or None)
     for rs in runs:  # refused data (the paper preset without data) fails here, before any job starts
         check_allowed(rs.config.data)
-    store = prepare(spec, _store_for(spec_arg, out, spec))
+    store = prepare(spec, _store_for(spec_arg, out, spec), change_spec=change_spec)
     retries = spec.max_retries if max_retries is None else max_retries
     if retry_failed:
         for rs in runs:
@@ -265,6 +267,7 @@ def collect(
     """Write the runs table (runs.csv and runs.parquet) from the runs' result.json files."""
     from loopscale.sweep import open_store, runs_table, write_table
     from loopscale.sweep.collect import corrupt_files
+    from loopscale.sweep.executor import SweepIncomplete
 
     store = open_store(sweep_dir)
     df, missing = runs_table(store)
@@ -275,5 +278,9 @@ def collect(
     if missing:
         console.print("not in the table (no result yet): " + ", ".join(f"{v} {k}" for k, v in missing.items()),
                       highlight=False)
-    for line in corrupt_files(store):
+    corrupt = corrupt_files(store)
+    for line in corrupt:
         console.print(f"corrupt, not in the table: {line}", highlight=False, markup=False)
+    if corrupt:  # the table is written, but a script's `collect && fit` must not go on as if it were whole
+        raise SweepIncomplete(f"{len(corrupt)} run(s) left out of {csv_path} because a file of theirs is corrupt "
+                              "(listed above); fix or delete them, or rerun `loopscale sweep run` to retrain them")

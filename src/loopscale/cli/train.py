@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from loopscale.cli.app import app, console
-from loopscale.errors import ConfigError, LoopscaleError
+from loopscale.errors import LoopscaleError
 
 
 class RunNotOk(LoopscaleError):
@@ -78,14 +78,7 @@ def _train_locked(run_training: Any, cfg: Any, run_dir: Path, **kw: Any) -> dict
     check_out_path(run_dir)
     created = not run_dir.exists()
     try:
-        lock = locks.acquire(run_dir, executor="loopscale train")
-    except OSError as exc:
-        raise ConfigError("--out", f"cannot write the run dir: {exc.strerror}", value=str(run_dir)) from None
-    if lock is None:
-        raise ConfigError("--out", f"{run_dir} is being trained by another process: "
-                          + locks.describe(locks.live(run_dir) or {}, run_dir), value=str(run_dir))
-    try:
-        with lock:
+        with locks.held(run_dir, field="--out", doing="a second training", executor="loopscale train"):
             return run_training(cfg, run_dir, **kw)
     finally:
         if created:  # a run refused before it wrote anything leaves no run dir behind (only the lock made it)

@@ -26,7 +26,7 @@ import contextlib
 import hashlib
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -206,23 +206,50 @@ def evaluate_run(run: RunRef | str | Path, tasks: str | Sequence[str] = "world",
                 results[r] = EvalResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
     todo = [r for r in rs if r not in results]
     if todo:
-        say = log or (lambda _msg: None)
-        say(f"{ref.run_id}: loading {WEIGHTS}")
-        model, cfg = _load_weights(ref.run_dir, str(dev))
-        tokenizer = tokenizer_for(cfg)
-        # world tasks come from the run's own world; a run on other data gets the default world (its
-        # reasoning, math, reading and symbolic items are still meaningful, its bio_qa facts are not)
-        data = cfg.data if cfg.data.source == "default" else DataConfig(seed=cfg.data.seed)
-        for r in todo:
-            cb = (lambda d, t, r=r: progress(f"{ref.run_id} r={r}", d, t)) if progress else None
-            with autocast(dev, dtype):
-                res = evaluate(model, specs, tokenizer=tokenizer, r=r, data=data, data_dir=data_dir, shots=shots,
-                               limit=limit, batch_size=batch_size, progress=cb,
-                               log=lambda m, r=r: say(f"{ref.run_id} r={r}: {m}"))
-            if use_cache:
-                atomic_write_json(paths[r], {**res.as_dict(), "run_id": ref.run_id, "tasks_requested": names})
-            results[r] = res
+        with _cache_lock(ref.run_dir, use_cache, notes) as cache:
+            say = log or (lambda _msg: None)
+            say(f"{ref.run_id}: loading {WEIGHTS}")
+            model, cfg = _load_weights(ref.run_dir, str(dev))
+            tokenizer = tokenizer_for(cfg)
+            # world tasks come from the run's own world; a run on other data gets the default world (its
+            # reasoning, math, reading and symbolic items are still meaningful, its bio_qa facts are not)
+            data = cfg.data if cfg.data.source == "default" else DataConfig(seed=cfg.data.seed)
+            for r in todo:
+                cb = (lambda d, t, r=r: progress(f"{ref.run_id} r={r}", d, t)) if progress else None
+                with autocast(dev, dtype):
+                    res = evaluate(model, specs, tokenizer=tokenizer, r=r, data=data, data_dir=data_dir, shots=shots,
+                                   limit=limit, batch_size=batch_size, progress=cb,
+                                   log=lambda m, r=r: say(f"{ref.run_id} r={r}: {m}"))
+                if cache:
+                    atomic_write_json(paths[r], {**res.as_dict(), "run_id": ref.run_id, "tasks_requested": names})
+                results[r] = res
     return [results[r] for r in rs], notes
+
+
+@contextlib.contextmanager
+def _cache_lock(run_dir: Path, use_cache: bool, notes: list[str]) -> Iterator[bool]:
+    """Hold the run's lock (``loopscale.locks``) while its cache is written; yields whether to cache.
+
+    A run a live process holds (training it again, another evaluation) is refused in one line; a run dir that
+    cannot be written (read-only) is evaluated without a cache, with a note."""
+    from loopscale import locks
+
+    if not use_cache:
+        locks.refuse_if_held(run_dir, field="RUN", doing="evaluating it")
+        yield False
+        return
+    try:
+        lock = locks.acquire(run_dir, executor="loopscale eval")
+    except OSError as exc:
+        locks.refuse_if_held(run_dir, field="RUN", doing="evaluating it")
+        notes.append(f"{run_dir}: cannot write its eval cache ({exc.strerror or exc}); evaluated without one")
+        yield False
+        return
+    if lock is None:
+        raise ConfigError("RUN", f"{run_dir} is in use by another process (evaluating it now would mix with it): "
+                          + locks.describe(locks.live(run_dir) or {}, run_dir), value=str(run_dir))
+    with lock:
+        yield True
 
 
 def _load_weights(run_dir: Path, device: str) -> Any:

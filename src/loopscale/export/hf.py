@@ -146,21 +146,36 @@ def model_card(cfg: Any, run_dir: Path, result: dict[str, Any] | None) -> str:
 
 
 def export_hf(run_dir: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
-    """Write the Hugging Face folder ``out`` for the finished run in ``run_dir``; returns ``out``."""
-    from safetensors.torch import save
+    """Write the Hugging Face folder ``out`` for the finished run in ``run_dir``; returns ``out``.
 
-    from loopscale.io import atomic_write_bytes, atomic_write_text
-    from loopscale.train.checkpoint import CONFIG, load_model
-    from loopscale.train.loop import read_result
+    OUT is locked while it is written (``loopscale.locks``): a second export into it is refused, as is exporting
+    a run a live process is training."""
+    from loopscale import locks
+    from loopscale.train.checkpoint import load_model
 
     run_dir, out = Path(run_dir), Path(out)
     if run_dir.is_file():
         run_dir = run_dir.parent
+    locks.refuse_if_held(run_dir, field="RUN", doing="exporting it")
     model, cfg = load_model(run_dir)
-    if out.exists() and any(out.iterdir()) and not overwrite:
+    if out.exists() and any(p.name not in (locks.LOCK, locks.TAKEOVER) for p in out.iterdir()) and not overwrite:
         raise ConfigError("OUT", "exists and is not empty; give --overwrite to replace its files", value=str(out))
     tok_json, bos, bos_id = _tokenizer_files(cfg)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with locks.held(out, field="OUT", doing="a second export", executor="loopscale export"):
+            _write_hf(out, model, cfg, run_dir, tok_json, bos, bos_id)
+    finally:
+        (out / locks.TAKEOVER).unlink(missing_ok=True)  # an HF folder holds only what it loads
+    return out
+
+
+def _write_hf(out: Path, model: Any, cfg: Any, run_dir: Path, tok_json: str, bos: str, bos_id: int) -> None:
+    from safetensors.torch import save
+
+    from loopscale.io import atomic_write_bytes, atomic_write_text
+    from loopscale.train.checkpoint import CONFIG
+    from loopscale.train.loop import read_result
+
     # every file goes through a temporary file and a rename: a symlink in OUT is replaced, never written through
     atomic_write_bytes(out / "model.safetensors", save(unpadded_state_dict(model), metadata={"format": "pt"}))
     atomic_write_text(out / "config.json", json.dumps(hf_config(cfg, bos_id=bos_id), indent=2) + "\n")
@@ -174,4 +189,3 @@ def export_hf(run_dir: str | Path, out: str | Path, *, overwrite: bool = False) 
     atomic_write_bytes(out / MODELING, (resources.files("loopscale.export") / MODELING).read_bytes())
     atomic_write_bytes(out / "loopscale_config.toml", (run_dir / CONFIG).read_bytes())
     atomic_write_text(out / "README.md", model_card(cfg, run_dir, read_result(run_dir)))
-    return out

@@ -27,16 +27,33 @@ def default_dir(spec: SweepSpec) -> Path:
     return Path("sweeps") / spec.name
 
 
-def prepare(spec: SweepSpec, out: str | Path | None = None) -> SweepStore:
-    """Create (or update) the sweep dir: the resolved spec.toml and every run's sweep.json."""
+def prepare(spec: SweepSpec, out: str | Path | None = None, *, change_spec: bool = False) -> SweepStore:
+    """Create (or resume) the sweep dir: the resolved spec.toml and every run's sweep.json.
+
+    A sweep dir belongs to one spec: another spec (or an edited one, or ``--set`` on top) is refused unless
+    ``change_spec`` (``sweep run --change-spec``); even then no run dir that another config started, or that a
+    live process holds, is rewritten (docs/sweep.md, "One spec per sweep dir").
+    """
+    from loopscale.errors import ConfigError
+
     store = SweepStore(out if out is not None else default_dir(spec))
-    runs = spec.runs()
-    store.materialise(runs)  # first: refuses run dirs trained with a different config
     text = spec.resolved_text()
-    old = store.spec_path.read_text(encoding="utf-8") if store.exists() else ""
-    if _body(old) != _body(text):  # keep the original header when rerun from the sweep dir
+    changed = holds_another_spec(spec, store)
+    if changed and not change_spec:
+        raise ConfigError("spec", f"{store.root} already holds another spec (its spec.toml differs from {spec.source}"
+                          "); use a new sweep dir (--out), rerun it as `loopscale sweep run "
+                          f"{store.root}`, or pass --change-spec to change its spec", source=str(store.spec_path))
+    store.materialise(spec.runs())  # refuses run dirs trained with a different config
+    if changed or not store.exists():  # keep the original header when rerun from the sweep dir
         store.write_spec(text)
     return store
+
+
+def holds_another_spec(spec: SweepSpec, store: SweepStore) -> bool:
+    """Does the sweep dir exist with a spec.toml other than ``spec`` (comments aside)?"""
+    if not store.exists():
+        return False
+    return _body(store.spec_path.read_text(encoding="utf-8")) != _body(spec.resolved_text())
 
 
 def _body(text: str) -> list[str]:
@@ -62,5 +79,5 @@ def run_sweep(spec: SweepSpec, store: SweepStore, *, variants: list[str] | None 
 
 
 __all__ = ["BASELINE", "COLUMNS", "STATUSES", "Plan", "PlanRow", "RunSpec", "SweepSpec", "SweepStore",
-           "default_dir", "load_spec", "make_plan", "open_store", "plan_row", "prepare", "preset_path", "presets",
-           "run_sweep", "runs_table", "spec_from_dict", "write_table"]
+           "default_dir", "holds_another_spec", "load_spec", "make_plan", "open_store", "plan_row", "prepare",
+           "preset_path", "presets", "run_sweep", "runs_table", "spec_from_dict", "write_table"]

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import socket
 import time
@@ -67,6 +68,33 @@ def _load_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     return data, None
 
 
+RESULT_STATUSES = ("ok", "diverged", "failed")
+
+
+def result_problem(doc: dict[str, Any]) -> str | None:
+    """What makes a result.json unusable ("field: expected ..., got ..."), or None.
+
+    A result the fit would silently read as NaN (a string loss, a negative token count) is a corrupt run that
+    ``collect`` and ``sweep status`` name, not a row with holes."""
+    status = doc.get("status")
+    if status not in RESULT_STATUSES:
+        return f"status: expected one of {', '.join(RESULT_STATUSES)}, got {_short(status)}"
+    if status != "ok":
+        return None
+    for field, lowest in (("val_loss", None), ("r", 1), ("N_once", 0), ("N_rec", 0), ("D", 0)):
+        v = doc.get(field)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            return f"{field}: expected a finite number, got {_short(v)}"
+        if lowest is not None and (v < lowest or (field == "D" and v <= 0)):
+            return f"{field}: expected {'> 0' if field == 'D' else f'>= {lowest}'}, got {_short(v)}"
+    return None
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 @dataclass
 class RunState:
     run_id: str
@@ -99,7 +127,11 @@ class SweepStore:
         rid = str(run_id)
         if not rid or rid in (".", "..") or "/" in rid or "\\" in rid or "\0" in rid:
             raise ConfigError("run_id", "not a run id (it would leave the sweep's runs/ folder)", value=rid)
-        return self.runs_dir / rid
+        d = self.runs_dir / rid
+        if d.is_symlink() and d.resolve().parent != self.runs_dir.resolve():
+            raise ConfigError("run_id", f"{d} is a link out of the sweep's runs/ folder (to {d.resolve()}); loopscale "
+                              "neither reads nor writes through it", value=rid)
+        return d
 
     @property
     def spec_path(self) -> Path:
@@ -189,6 +221,11 @@ class SweepStore:
             return {}
         out: dict[str, RunSpec | str] = {}
         for d in sorted(self.runs_dir.iterdir()):
+            try:
+                self.run_dir(d.name)  # a link out of runs/ is named, never read through
+            except ConfigError as exc:
+                out[d.name] = f"{self._rel(d)}: {exc.message}"
+                continue
             path = d / META
             m, problem = _load_json(path)
             if m is not None:
@@ -239,6 +276,8 @@ class SweepStore:
         attempts = self.attempts(run_id)
         note = self._problem(d / ATTEMPTS)
         result, bad = _load_json(d / RESULT)
+        if result is not None and (wrong := result_problem(result)) is not None:
+            result, bad = None, f"invalid ({wrong})"
         if result is not None:
             status = {"ok": "done", "diverged": "diverged"}.get(str(result.get("status")), "failed")
             return RunState(run_id, status, result, attempts, problem=note)
