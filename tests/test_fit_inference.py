@@ -213,3 +213,12 @@ def test_a_large_table_runs_its_inference_on_design_points() -> None:
     assert st.screened and len(st.data) == 116 and st.weights is not None and st.weights.sum() == len(df)
     lo, hi = st.interval(0.95)["ci"]
     assert lo < law.phi_ < hi and hi - lo < 0.2
+
+
+def test_an_interval_next_to_a_failed_profile_point_ends_at_its_last_inside_point_not_nan() -> None:
+    """A profile point that overflowed (inf) beside the interval made its end NaN (seen on a tiny sweep)."""
+    from loopscale.fit.inference import interval_from_stat
+
+    phi = np.array([0.0, 0.5, 1.0, 1.5])
+    got = interval_from_stat(phi, np.array([np.inf, 1.0, 0.0, 5.0]), 2.0)
+    assert got["ci"] == [0.5, pytest.approx(1.0 + 0.5 * 2 / 5)] and got["open"] == [False, False]

@@ -180,7 +180,7 @@ def test_summary_md_repeats_the_headline_and_links_every_figure(report):
     out, _ = report
     md = (out / "summary.md").read_text(encoding="utf-8")
     assert md.startswith("# loopscale report")
-    assert "| quantity | value | 95% CI |" in md and "Δφ per probe" in md
+    assert "| quantity | value | 95% CI |" in md and "Δφ per recipe" in md and "shared law" in md
     for name in NAMES:
         assert f"](figures/{name}.png)" in md
         for fmt in ("svg", "pdf"):

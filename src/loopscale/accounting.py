@@ -35,9 +35,12 @@ def block_params(cfg: ModelConfig) -> int:
 
 
 def injection_params(cfg: ModelConfig) -> int:
-    """Parameters of the loop's input injection (0 for the plain r = 1 stack)."""
+    """Parameters of the loop's input injection (0 for the plain r = 1 stack); for a user's technique, those
+    it runs per recurrence (measured: ``loopscale.technique.cost``)."""
     if not cfg.is_looped:
         return 0
+    if cfg.technique is not None:
+        return _technique(cfg).params_rec
     if cfg.injection == "linear":
         return 2 * cfg.width * cfg.width
     if cfg.injection == "hyperconnect":
@@ -47,7 +50,14 @@ def injection_params(cfg: ModelConfig) -> int:
 
 
 def N_once(cfg: ModelConfig) -> int:
-    return (cfg.n_prelude + cfg.n_coda) * block_params(cfg)
+    once = _technique(cfg).params_once if cfg.technique is not None else 0
+    return (cfg.n_prelude + cfg.n_coda) * block_params(cfg) + once
+
+
+def _technique(cfg: ModelConfig) -> Any:
+    from loopscale import technique
+
+    return technique.cost(cfg)
 
 
 def N_rec(cfg: ModelConfig) -> int:
@@ -127,17 +137,21 @@ def _block_flop_params(cfg: ModelConfig, norm_scales: bool = True) -> int:
     return block_params(cfg) + (2 * cfg.width if norm_scales else 0)
 
 
-def _once_flop_params(cfg: ModelConfig, norm_scales: bool = True) -> int:
-    """Params run once per token in the FLOP count: prelude and coda blocks and the LM head."""
-    return (cfg.n_prelude + cfg.n_coda) * _block_flop_params(cfg, norm_scales) + N_head(cfg)
+def _once_flop_params(cfg: ModelConfig, norm_scales: bool = True) -> float:
+    """Params run once per token in the FLOP count: prelude and coda blocks and the LM head (and a technique's
+    once-per-token matmuls, as FLOPs / 2)."""
+    once = _technique(cfg).flops_once / 2 if cfg.technique is not None else 0
+    return (cfg.n_prelude + cfg.n_coda) * _block_flop_params(cfg, norm_scales) + N_head(cfg) + once
 
 
-def _rec_matmul_params(cfg: ModelConfig, norm_scales: bool = True) -> int:
+def _rec_matmul_params(cfg: ModelConfig, norm_scales: bool = True) -> float:
     """Per-recurrence 'equivalent params' of the recurrent stack (matmul FLOPs / 2 per token)."""
     d = cfg.width
     base = cfg.n_recur * _block_flop_params(cfg, norm_scales)
     if not cfg.is_looped:
         return base
+    if cfg.technique is not None:
+        return base + _technique(cfg).flops_rec / 2
     if cfg.injection == "linear":
         return base + 2 * d * d
     if cfg.injection == "hyperconnect":
@@ -159,7 +173,7 @@ def train_flops_per_token(cfg: ModelConfig, *, include_attention: bool = True, n
     """
     once = _once_flop_params(cfg, norm_scales)
     rec = _rec_matmul_params(cfg, norm_scales)
-    k = cfg.k_grad
+    k = _technique(cfg).grad_recurrences if cfg.technique is not None else cfg.k_grad
     detached = cfg.r - k
     matmul = 6 * once + 6 * k * rec + 2 * detached * rec
     if not include_attention:

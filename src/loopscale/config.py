@@ -43,6 +43,9 @@ class ModelConfig(StrictModel):
     bptt_k: int | None = Field(None, gt=0, description="backprop through the last k recurrences")
     r1_looped: bool = Field(False, description="build r = 1 as a loop of one (injection + recurrent norm), "
                             "not the plain stack: separates the loop's structure from weight sharing")
+    technique: str | None = Field(None, description="your own looped technique, 'module:Class' (a subclass of "
+                                  "loopscale.technique.Technique; docs/extending.md); replaces the injection")
+    technique_options: dict[str, Any] = Field(default_factory=dict, description="keyword options of technique")
     mlp_ratio: int = Field(4, gt=0)
     softcap: float | None = Field(15.0, gt=0)
     rope_base: float = Field(10000.0, gt=0)
@@ -71,6 +74,15 @@ class ModelConfig(StrictModel):
         if rest % self.r:
             raise ConfigError("r", f"must divide the recurrent depth L_eff - n_prelude - n_coda = {rest}",
                               value=self.r)
+        if self.technique is not None:
+            if not self.is_looped:
+                raise ConfigError("technique", "needs a loop: r > 1, or r1_looped = true for a loop of one",
+                                  value=self.technique)
+            if self.bptt_k is not None:
+                raise ConfigError("bptt_k", "a technique says which recurrences are back-propagated itself "
+                                  "(Technique.grad); leave bptt_k unset", value=self.bptt_k)
+        elif self.technique_options:
+            raise ConfigError("technique_options", "options without a model.technique", value=self.technique_options)
         if self.bptt_k is not None:
             if self.bptt_k > self.r:
                 raise ConfigError("bptt_k", f"must be at most r={self.r}", value=self.bptt_k)
@@ -100,6 +112,11 @@ class ModelConfig(StrictModel):
     def vocab_padded(self) -> int:
         m = self.vocab_multiple
         return -(-self.vocab_size // m) * m
+
+    @property
+    def builtin_injection(self) -> str | None:
+        """The built-in injection in use, or None when a technique replaces it."""
+        return self.injection if self.technique is None else None
 
     @property
     def k_grad(self) -> int:

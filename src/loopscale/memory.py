@@ -203,9 +203,9 @@ def loop_bytes(cfg: ModelConfig, rg: Regime) -> float:
         return 0.0
     d = cfg.width
     inject = 0
-    if cfg.injection == "linear":
+    if cfg.builtin_injection == "linear":
         inject = 2 * rg.a * d
-    elif cfg.injection == "hyperconnect":
+    elif cfg.builtin_injection == "hyperconnect":
         k = cfg.hc_lanes
         inject = (2 * rg.a * k * d if rg.autocast else 4 * k * d) + rg.norm_out * d
     return float(_norm(d, rg) + inject)
@@ -267,7 +267,7 @@ def cached_cast_bytes(cfg: ModelConfig, rg: Regime, *, head: bool = True) -> flo
     if not rg.autocast:
         return 0.0
     d = cfg.width
-    inject = 2 * d * d if cfg.is_looped and cfg.injection == "linear" else 0
+    inject = 2 * d * d if cfg.is_looped and cfg.builtin_injection == "linear" else 0
     head_cast = cfg.vocab_padded * d if head else 0
     return float((_unique_blocks(cfg) * (1 + 2 * cfg.mlp_ratio) * d * d + inject + head_cast) * rg.a)
 
@@ -291,7 +291,7 @@ def eval_bytes(cfg: ModelConfig, rg: Regime) -> float:
     kv = 5 * a * d  # the q/k/v output and the normed q and k
     mlp = 2 * m * a * d  # ReLU's output and its square
     residuals = 4 * d * (4 + (1 if cfg.is_looped else 0))  # x, its norm, the block input; the loop's e
-    if cfg.is_looped and cfg.injection == "hyperconnect":
+    if cfg.is_looped and cfg.builtin_injection == "hyperconnect":
         residuals += 4 * d * (cfg.hc_lanes - 1)
     return float(max(loss, max(kv, mlp) + residuals))
 
@@ -299,7 +299,7 @@ def eval_bytes(cfg: ModelConfig, rg: Regime) -> float:
 # ---- parameters and optimiser state (bytes) -------------------------------------------------
 def matrix_params(cfg: ModelConfig) -> int:
     """Parameters MuonH updates: the blocks' matrices and the linear injection's (hyperconnect's are AdamW's)."""
-    inject = accounting.injection_params(cfg) if cfg.is_looped and cfg.injection == "linear" else 0
+    inject = accounting.injection_params(cfg) if cfg.is_looped and cfg.builtin_injection == "linear" else 0
     return _unique_blocks(cfg) * accounting.block_params(cfg) + inject
 
 
@@ -317,7 +317,7 @@ def _muon_buckets(cfg: ModelConfig) -> list[tuple[int, int, int]]:
     d, m, unique = cfg.width, cfg.mlp_ratio, _unique_blocks(cfg)
     buckets = {(d, d): 4 * unique}
     buckets[(d, m * d)] = buckets.get((d, m * d), 0) + 2 * unique
-    if cfg.is_looped and cfg.injection == "linear":
+    if cfg.is_looped and cfg.builtin_injection == "linear":
         buckets[(d, 2 * d)] = buckets.get((d, 2 * d), 0) + 1
     return [(n, lo, hi) for (lo, hi), n in buckets.items()]
 

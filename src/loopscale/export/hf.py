@@ -158,6 +158,10 @@ def export_hf(run_dir: str | Path, out: str | Path, *, overwrite: bool = False) 
         run_dir = run_dir.parent
     locks.refuse_if_held(run_dir, field="RUN", doing="exporting it")
     model, cfg = load_model(run_dir)
+    if cfg.model.technique is not None:
+        raise ConfigError("RUN", f"trained with a technique from your own code ({cfg.model.technique}); the Hugging "
+                          "Face folder's modeling_loopscale.py cannot carry it, so it is not exported (evaluate it "
+                          "with `loopscale eval`)", value=str(run_dir))
     if out.exists() and any(p.name not in (locks.LOCK, locks.TAKEOVER) for p in out.iterdir()) and not overwrite:
         raise ConfigError("OUT", "exists and is not empty; give --overwrite to replace its files", value=str(out))
     tok_json, bos, bos_id = _tokenizer_files(cfg)

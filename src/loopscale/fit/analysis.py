@@ -25,6 +25,7 @@ from loopscale.errors import ConfigError
 from loopscale.fit import checks as checks_mod
 from loopscale.fit import inference as inference_mod
 from loopscale.fit import optima
+from loopscale.fit import shared as shared_mod
 from loopscale.fit.bootstrap import cell_counts, percentile_ci, refit_batch
 from loopscale.fit.formula import COEFFICIENTS, LawData, params_to_theta, r_power, theta_to_params
 from loopscale.fit.law import JointLaw, validate_settings
@@ -70,6 +71,7 @@ class FitSettings:
     per_r: bool = True
     checks: bool = True
     checks_restarts: int = 100
+    shared: bool = True  # Δφ also under the shared-law reading (fit/shared.py), held-out-tested when checks
     variants: list[str] | None = None
     reference_variant: str | None = None
     reference_r: int | None = None  # a looped-only fit's declared reference r (CLI: --r without 1)
@@ -200,10 +202,12 @@ def fit_runs(
 
     out_variants: dict[str, Any] = {}
     phi_draws: dict[str, np.ndarray] = {}
+    frames: dict[str, pd.DataFrame] = {}
     for v in variants:
         mask = selected.variant_mask(v)
         vruns = selected.subset(mask)
         vdf = vruns.df
+        frames[v] = vdf
         fits = None
         rs = sorted(int(r) for r in set(vdf["r"]))
         rule = data_rule(vdf, phi_free=settings.fixed_phi is None, reference_r=settings.reference_r)
@@ -353,6 +357,10 @@ def fit_runs(
             entry["inference"] = inference_mod.delta_record(inf_state[ref], inf_state[v], settings.ci_level, d)
             entry["ci"] = entry["inference"]["ci"]
             entry["secondary_ci"] = percentile_ci(d, settings.ci_level)
+        if settings.shared:
+            say(f"[{v}] shared-law Δφ against {ref}" + (" with held-out cells" if settings.checks else ""))
+            own = frames[v][frames[v]["variant"] == v]  # its shared r = 1 runs are the reference's
+            entry["shared"] = shared_mod.shared_record(frames[ref], own, settings.law(), checks=settings.checks)
         delta_phi.append(entry)
 
     return {

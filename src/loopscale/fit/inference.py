@@ -205,6 +205,8 @@ def interval_from_stat(phi: np.ndarray, stat: np.ndarray, c: float) -> dict[str,
 
     def cross(a: int, b: int) -> float:  # stat[a] > c >= stat[b] (or the reverse): linear crossing
         sa, sb = stat[a], stat[b]
+        if not np.isfinite(sa):  # the outside point's profile failed (an overflow): the interval ends inside
+            return float(phi[b])
         w = (c - sa) / (sb - sa) if sb != sa else 0.5
         return float(phi[a] + w * (phi[b] - phi[a]))
 

@@ -10,22 +10,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from loopscale.technique import Technique
 
-class Injection(nn.Module):
-    def reset_parameters(self) -> None:
-        """Parameter-free modes have nothing to initialise."""
 
-    def init(self, e: torch.Tensor) -> torch.Tensor:
-        return e
+class Injection(Technique):
+    """The built-in modes are techniques (``loopscale.technique``) whose accounting ``loopscale.accounting``
+    writes out in closed form; the base is the passthrough: h0 = e, u = h, h <- s."""
 
-    def input(self, i: int, e: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        return state  # no injection; the modes below override this
+    backprop: tuple[int, int] = (1, 1)  # (training r, k): truncated BPTT back-propagates the last k recurrences
 
-    def update(self, i: int, state: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        return s
-
-    def readout(self, state: torch.Tensor) -> torch.Tensor:
-        return state
+    def grad(self, i: int, r: int) -> bool:
+        r_train, k = self.backprop
+        return i >= r - (k if r == r_train else r)  # at a test-time r every recurrence counts (no gradients anyway)
 
 
 class LinearInjection(Injection):

@@ -70,8 +70,15 @@ class LoopedLM(nn.Module):
         self.prelude = nn.ModuleList(block() for _ in range(cfg.n_prelude))
         self.recur = nn.ModuleList(block() for _ in range(cfg.n_recur))
         self.coda = nn.ModuleList(block() for _ in range(cfg.n_coda))
-        if cfg.is_looped:
+        if cfg.technique is not None:
+            from loopscale import technique
+
+            technique.cost(cfg)  # the contract (shapes, placements, declared costs) checked before any training
+            self.inject = technique.build(cfg)
+            self.norm_recur = RMSNorm(d, cfg.norm_eps)
+        elif cfg.is_looped:
             self.inject = make_injection(cfg.injection, d, cfg.r, cfg.hc_lanes)
+            self.inject.backprop = (cfg.r, cfg.k_grad)  # truncated BPTT, as a technique's grad() says it
             self.norm_recur = RMSNorm(d, cfg.norm_eps)
         self.norm_final = RMSNorm(d, cfg.norm_eps)
         self.head = nn.Linear(d, cfg.vocab_padded, bias=False)
@@ -130,16 +137,17 @@ class LoopedLM(nn.Module):
                                reduction=reduction)
 
     def _loop(self, e: torch.Tensor, r: int, cache: KVCache | None) -> torch.Tensor:
-        k = self.cfg.k_grad if r == self.cfg.r else r
-        n_detached = r - k if torch.is_grad_enabled() else 0
-        state = self.inject.init(e)
+        """The loop, through the technique interface (``loopscale.technique``): the built-in injections and
+        truncated BPTT (``Injection.grad``) run this same code as a user's technique."""
+        tech = self.inject
+        grad = torch.is_grad_enabled()
+        state = tech.init(e)
         for i in range(r):
-            ctx = torch.no_grad() if i < n_detached else contextlib.nullcontext()
-            with ctx:
-                u = self.inject.input(i, e, state)
-                s = self.norm_recur(self._stack(self.recur, u, cache))
-                state = self.inject.update(i, state, s)
-        return self.inject.readout(state)
+            with torch.no_grad() if grad and not tech.grad(i, r) else contextlib.nullcontext():
+                u = tech.input(i, e, state)
+                s = self.norm_recur(tech.block(i, lambda x: self._stack(self.recur, x, cache), u))
+                state = tech.update(i, state, s)
+        return tech.readout(state)
 
     def _check_r(self, r: int | None) -> int:
         if r is None or r == self.cfg.r:
@@ -148,6 +156,9 @@ class LoopedLM(nn.Module):
             raise ConfigError("r", "must be a positive number of recurrences", value=r)
         if not self.cfg.is_looped:
             raise ConfigError("r", "the r = 1 baseline is a plain stack; only looped models can change r",
+                              value=r)
+        if self.cfg.technique is not None and not self.inject.supports_r(r):
+            raise ConfigError("r", f"{self.cfg.technique} cannot run {r} recurrences (trained with {self.cfg.r})",
                               value=r)
         if isinstance(self.inject, HyperConnect) and r > self.cfg.r:
             raise ConfigError("r", f"hyperconnect has lane scalars for {self.cfg.r} recurrences only",
@@ -191,7 +202,15 @@ class LoopedLM(nn.Module):
         groups["embed"].append(self.embed.weight)
         groups["head"].append(self.head.weight)
         groups["norm"] += [self.norm_emb.weight, self.norm_final.weight]
-        if self.cfg.is_looped:
+        if self.cfg.technique is not None:
+            groups["norm"].append(self.norm_recur.weight)
+            for name, p in self.inject.named_parameters():
+                group = self.inject.param_group(name, p)
+                if group not in ("matrix", "scalar", "norm"):
+                    raise ConfigError("model.technique", f"param_group({name!r}) must be 'matrix', 'scalar' or "
+                                      "'norm'", value=group)
+                groups[group].append(p)
+        elif self.cfg.is_looped:
             groups["norm"].append(self.norm_recur.weight)
             for p in self.inject.parameters():
                 groups["matrix" if p.dim() == 2 and not isinstance(self.inject, HyperConnect) else "scalar"].append(p)
@@ -207,7 +226,13 @@ class LoopedLM(nn.Module):
             return sum(p.numel() for b in bs for name, p in b.named_parameters() if not name.startswith("norm"))
 
         N_once = block_matrices(self.prelude) + block_matrices(self.coda)
-        N_rec = block_matrices(self.recur) + (n(self.inject.parameters()) if self.cfg.is_looped else 0)
+        N_rec = block_matrices(self.recur)
+        if self.cfg.is_looped:
+            for name, p in self.inject.named_parameters():
+                if self.inject.placement(name, p) == "once":
+                    N_once += p.numel()
+                else:
+                    N_rec += p.numel()
         groups = self.param_groups()
         return {
             "N_once": N_once,

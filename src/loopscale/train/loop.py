@@ -88,6 +88,10 @@ def _prepare_dir(run_dir: Path, cfg: TrainConfig, is_main: bool) -> None:
         rundir.check_run_dir(run_dir, cfg)  # again: another process may have written it meanwhile
         if is_main:
             atomic_write_text(run_dir / ck.CONFIG, _config_text(cfg))
+            if cfg.model.technique is not None:  # the code's version, so a resume cannot pick up edited code
+                from loopscale import technique
+
+                atomic_write_text(run_dir / rundir.TECHNIQUE_HASH, f"{technique.source_sha256(cfg.model)}\n")
     except OSError as exc:
         raise ConfigError("--out", f"cannot write the run dir: {exc.strerror or exc}", value=str(run_dir)) from None
 
@@ -180,9 +184,15 @@ def result_fields(cfg: TrainConfig) -> dict[str, Any]:
     """The accounting columns every result carries (the runs table reads them)."""
     m = cfg.model
     a = accounting.account(m)
+    own: dict[str, Any] = {}
+    if m.technique is not None:  # a user's technique: which code, in which version, made the run
+        from loopscale import technique
+
+        own = {"technique": m.technique, "technique_sha256": technique.source_sha256(m)}
     return {
+        **own,
         "r": m.r, "d_model": m.width, "n_prelude": m.n_prelude, "n_recur": m.n_recur, "n_coda": m.n_coda,
-        "L_eff": m.L_eff, "layout": m.layout, "injection": m.injection, "bptt_k": m.bptt_k,
+        "L_eff": m.L_eff, "layout": m.layout, "injection": m.builtin_injection, "bptt_k": m.bptt_k,
         "N_once": a.N_once, "N_rec": a.N_rec, "N_emb": a.N_emb, "N_norm": a.N_norm, "N_total": a.N_total,
         "flops_per_token": a.flops_per_token, "seq_len": m.seq_len, "batch_size": cfg.run.batch_size,
         # the architecture template, so a fit can rebuild the accounting for other widths

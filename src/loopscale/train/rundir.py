@@ -18,8 +18,9 @@ import tomli_w
 from loopscale.errors import ConfigError
 
 CONFIG = "config.toml"
+TECHNIQUE_HASH = "technique.sha256"  # the sha256 of a user technique's source file, when the run began
 # What the trainer (and `loopscale eval`'s per-run cache) writes into a run dir; --overwrite removes only these.
-ARTEFACTS = ("result.json", "metrics.jsonl", "ckpt.pt", "model.safetensors", CONFIG)
+ARTEFACTS = ("result.json", "metrics.jsonl", "ckpt.pt", "model.safetensors", CONFIG, TECHNIQUE_HASH)
 ARTEFACT_DIRS = ("eval", "tb")
 # Not part of a run's identity: run.fail_at_step is a testing hook (an injected failure, then a retry); where
 # the run is tracked on W&B does not change what it trains.
@@ -93,6 +94,21 @@ def check_run_dir(run_dir: Path, cfg: Any) -> None:
         raise ConfigError("--out", f"{run_dir} holds a run of a different config ({shown}); choose a new --out "
                           "(or leave --out unset: the default dir name carries the config's hash), or pass "
                           "--overwrite to discard that run", value=str(run_dir))
+    _check_technique_code(run_dir, cfg)
+
+
+def _check_technique_code(run_dir: Path, cfg: Any) -> None:
+    """A run of a user's technique resumes only with the code it began with (its source file's sha256)."""
+    stored = run_dir / TECHNIQUE_HASH
+    if cfg.model.technique is None or not stored.is_file():
+        return
+    from loopscale import technique
+
+    then, now = stored.read_text(encoding="utf-8").strip(), str(technique.source_sha256(cfg.model))
+    if then != now:
+        raise ConfigError("model.technique", f"the code of {cfg.model.technique} changed since {run_dir} began "
+                          f"(sha256 {then[:12]} then, {now[:12]} now); restore it, train into a new --out, or pass "
+                          "--overwrite to discard that run", value=cfg.model.technique)
 
 
 def check_out_path(run_dir: Path) -> None:

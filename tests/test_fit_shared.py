@@ -1,0 +1,46 @@
+"""Δφ under the shared-law reading (fit/shared.py): one law for both recipes, differing only in φ, and the
+held-out test of that assumption."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from loopscale.fit import shared
+from loopscale.fit.law import JointLaw
+from test_fit_inference import _demo_like
+
+
+def _pair(delta: float) -> tuple:
+    ref = _demo_like(0.4, 0.01, 0)
+    var = _demo_like(0.4 + delta, 0.01, 1, "probe")
+    return ref, var[var["r"] > 1]  # the variant shares the reference's r = 1 runs
+
+
+def test_a_variant_that_shares_the_law_gets_its_delta_phi_back_and_the_shared_reading_stands() -> None:
+    ref, var = _pair(0.4)
+    rec = shared.shared_record(ref, var, JointLaw(restarts=60))
+    assert rec["delta_phi"] == pytest.approx(0.4, abs=0.05) and rec["phi_reference"] == pytest.approx(0.4, abs=0.05)
+    assert rec["converged"] and not rec["at_bound"] and rec["interval"] is None
+    assert rec["held_out"]["supported"] == "shared" and rec["held_out"]["cells"] == 9
+
+
+def test_a_variant_whose_data_term_differs_is_read_as_separate_laws() -> None:
+    ref, var = _pair(0.4)
+    var = var.copy()
+    var["val_loss"] = var["val_loss"] * (1 + 0.03 * np.log(var["D"] / var["D"].min()))  # another B D^-beta
+    rec = shared.shared_record(ref, var, JointLaw(restarts=60))
+    held = rec["held_out"]
+    assert held["supported"] == "separate" and held["shared_rmse"] > 2 * held["separate_rmse"]
+
+
+def test_fit_runs_reports_the_shared_reading_beside_the_calibrated_separate_delta_phi() -> None:
+    import pandas as pd
+
+    from loopscale.fit import FitSettings, fit_runs
+
+    ref, var = _pair(0.4)
+    res = fit_runs(pd.concat([ref, var]), FitSettings(restarts=60, bootstrap=0, lr_draws=100, checks=False,
+                                                      per_r=False, law_variants=(), delta=0.02))
+    (d,) = res["delta_phi"]
+    assert d["shared"]["delta_phi"] == pytest.approx(d["delta_phi"], abs=0.1) and d["shared"]["held_out"] is None
