@@ -17,7 +17,8 @@ FIGURES = ("isoflop", "frontier", "parity", "residuals", "phi", "equivalence", "
 def _demo(out: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, "-m", "loopscale", "demo", "--quick", "--out", str(out), "--bootstrap",
-                             "40", "--no-progress"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "40", "--lr-draws", "200", "--eval-limit", "40", "--no-progress"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _finished(out: Path) -> dict[str, int]:

@@ -83,3 +83,21 @@ def test_cli_design_prints_styles_not_their_tags(capsys):
     out = capsys.readouterr().out
     assert out.startswith("quick: 16 runs")
     assert "[bold]" not in out and "[/]" not in out and "\\[" not in out
+
+
+def test_noise_estimated_against_a_prior_that_misses_the_runs_by_nats_is_flagged(tmp_path, capsys) -> None:
+    """`design --noise-from runs.csv` with the paper's law as prior read tiny CPU runs' misfit (4.9 / 20.5 nats)
+    as their noise, silently."""
+    import numpy as np
+
+    from loopscale.cli.design import _noise
+    from loopscale.fit.paper import PAPER_COEFFICIENTS
+
+    rng = np.random.default_rng(0)
+    rows = [f"baseline,{c},{r},{n},{n},{d},{3 + rng.normal(0, 0.01) + 5 * (r > 1)}"
+            for c in (1e11, 2e11) for r in (1, 2) for n, d in ((1e4, 1e6), (2e4, 5e5))]
+    csv = tmp_path / "runs.csv"
+    csv.write_text("variant,C,r,N_once,N_rec,D,val_loss\n" + "\n".join(rows) + "\n")
+    est = _noise(None, None, [csv], dict(PAPER_COEFFICIENTS), None, None)
+    assert max(est.run_sd, est.cell_sd) > 0.5
+    assert "that is the law's misfit, not noise; pass --prior" in " ".join(capsys.readouterr().err.split())

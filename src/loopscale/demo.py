@@ -28,7 +28,8 @@ BUSY_WAIT_S = 60.0  # a killed demo's workers checkpoint and let go of their run
 
 
 def run_demo(out: str | Path = "demo", *, preset: str = "demo", bootstrap: int | None = None,
-             restarts: int | None = None, eval_limit: int | None = 100, progress: bool = True,
+             restarts: int | None = None, lr_draws: int | None = None, eval_limit: int | None = 100,
+             progress: bool = True,
              console: Console | None = None, slots: int | None = None,
              test_time_r: tuple[int, ...] = TEST_TIME_R) -> dict[str, Any]:
     """Run (or resume) the demo in ``out``; returns the headline dict (also written to OUT/headline.json).
@@ -75,6 +76,7 @@ def run_demo(out: str | Path = "demo", *, preset: str = "demo", bootstrap: int |
     settings = FitSettings(loss=spec.fit.loss, delta=spec.fit.delta,
                            bootstrap=bootstrap if bootstrap is not None else defaults.bootstrap,
                            restarts=restarts if restarts is not None else defaults.restarts,
+                           lr_draws=lr_draws if lr_draws is not None else defaults.lr_draws,
                            template=template_from_table(table.df))
     fit = fit_runs(table, settings, progress=lambda m: con.print(f"  {m}", highlight=False, markup=False))
     fit_path = write_fit(out / "fit.json", fit)

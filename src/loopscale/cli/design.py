@@ -60,6 +60,9 @@ def _prior(prior: str, variant: str | None) -> tuple[dict[str, float], Any, str]
     return {k: float(x) for k, x in rec.params.as_dict().items()}, doc, f"{prior} [{name}]"
 
 
+MISFIT_NATS = 0.5  # a noise estimate above this is a prior that does not describe the runs
+
+
 def _noise(sigma: float | None, cell_sigma: float | None, noise_from: list[Path], prior: dict[str, float],
            doc: Any, r1_from: str | None) -> Any:
     """Flags win; else estimated from a runs table (seeds where present); else the fit's residual RMSE.
@@ -77,6 +80,13 @@ def _noise(sigma: float | None, cell_sigma: float | None, noise_from: list[Path]
     est = None
     if noise_from:
         est = residual_noise(noise_from)
+        if doc is None and max(est.run_sd, est.cell_sd) > MISFIT_NATS:  # the paper's law at tiny CPU scale
+            from loopscale.console import err_console
+
+            err_console.print(f"warning: against the prior law these runs scatter by {est.run_sd:.3g} (run) and "
+                              f"{est.cell_sd:.3g} (cell) nats: that is the law's misfit, not noise; pass --prior with "
+                              "a fit file of runs like these (e.g. their own `loopscale fit`)", highlight=False,
+                              markup=False)
     elif doc is not None:
         src = Path(str(doc.source.get("path", "")))
         if src.is_file():
