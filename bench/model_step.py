@@ -28,6 +28,21 @@ from loopscale.model import LoopedLM
 from plain_gpt import PlainGPT, PlainPaperGPT
 
 
+def paired_rounds(steps: dict, rounds: int, warmup: int = 2) -> dict[str, list[float]]:
+    """Seconds of each step per round, every step timed once per round back to back (so a slow minute slows
+    every variant of that round: ratios are taken within a round)."""
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
 def hardware() -> str:
     cpu = platform.processor() or platform.machine()
     try:

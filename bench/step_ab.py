@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -23,7 +22,7 @@ import torch
 import references
 from loopscale.model import cpu_kernels
 from loopscale.train.hardware import tune_cpu_malloc
-from model_step import hardware
+from model_step import hardware, paired_rounds
 from step_profile import BATCH, HEAD_DIM, L_EFF, VOCAB, D, T, loopscale_step
 
 
@@ -42,15 +41,7 @@ def main() -> None:
         steps[f"loopscale r=1 {optim}"] = loopscale_step(optim, True, x)
         if cpu_kernels.library() is not None:
             steps[f"loopscale r=1 {optim} no C"] = loopscale_step(optim, True, x, kernels=False)
-    for step in steps.values():
-        step()
-        step()
-    times: dict[str, list[float]] = {k: [] for k in steps}
-    for _ in range(args.rounds):
-        for name, step in steps.items():
-            t0 = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - t0)
+    times = paired_rounds(steps, args.rounds)
     base = times["nanoGPT code (AdamW)"]
     print(f"\n{args.rounds} rounds, d={D} L_eff={L_EFF} T={T} batch={BATCH} head_dim={HEAD_DIM} V={VOCAB} fp32")
     print(f"{'variant':>30} {'median ms':>10} {'vs nanoGPT (median of rounds)':>30} {'IQR':>13}")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -26,7 +25,7 @@ from loopscale.model import LoopedLM
 from loopscale.optim import OptimConfig
 from loopscale.optim.build import build_optimizers
 from loopscale.train.hardware import tune_cpu_malloc
-from model_step import hardware
+from model_step import hardware, paired_rounds
 
 D, L_EFF, T, BATCH, HEAD_DIM, VOCAB, R = 128, 20, 256, 16, 32, 320, 4
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "gated_loop.py"
@@ -81,12 +80,7 @@ def main() -> None:
     losses = {name: [step(), step()] for name, step in steps.items()}
     assert losses["linear, loop before"] == losses["linear, loop after"], losses  # the same bits
     assert losses["tbptt k=2, loop before"] == losses["tbptt k=2, loop after"], losses
-    times: dict[str, list[float]] = {k: [] for k in steps}
-    for _ in range(args.rounds):
-        for name, step in steps.items():
-            t0 = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - t0)
+    times = paired_rounds(steps, args.rounds, warmup=0)  # (the two losses above were the warm-up)
     print(f"\n{args.rounds} rounds, d={D} L_eff={L_EFF} r={R} T={T} batch={BATCH} fp32 AdamW; first two losses "
           "bitwise equal before/after")
     pairs = {"linear, loop after": "linear, loop before", "tbptt k=2, loop after": "tbptt k=2, loop before",
