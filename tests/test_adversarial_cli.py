@@ -89,10 +89,11 @@ def test_a_second_terminal_is_refused_then_ctrl_c_and_resume_lose_and_duplicate_
         line = _one_error(*_cli(["train", str(cfg), "--out", str(run), "--no-progress"], capsys), 2)
         assert f"pid {proc.pid}" in line and "delete" in line
         line = _one_error(*_cli(["export", str(run), str(tmp_path / "hf")], capsys), 2)
-        assert "being written now" in line or "model.safetensors" in line
+        assert "is being written now" in line and f"pid {proc.pid}" in line
         assert not (tmp_path / "hf").exists()
-        _one_error(*_cli(["eval", str(run), "--tasks", "induction", "--limit", "2"], capsys), 2)
-        assert not (run / "eval").exists()
+        line = _one_error(*_cli(["eval", str(run), "--tasks", "induction", "--limit", "2"], capsys), 2)
+        assert "RUN: not finished: no model.safetensors" in line and f"pid {proc.pid}" in line
+        assert not (run / "eval").exists()  # nothing to score yet, nothing written
 
         proc.send_signal(signal.SIGINT)
         _out, err = proc.communicate(timeout=120)

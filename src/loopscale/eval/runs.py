@@ -106,6 +106,12 @@ def find_runs(sweep_dir: str | Path, *, all_runs: bool = False) -> tuple[list[Ru
     root = Path(sweep_dir)
     results = sorted(root.rglob("result.json"))
     if not results:
+        if (root / "config.toml").is_file():  # a single run that has not finished (or is training now)
+            from loopscale import locks
+
+            held = locks.live(root)
+            why = ("; " + locks.describe(held, root)) if held is not None else ""
+            raise ConfigError("RUN", f"not finished: no {WEIGHTS} or result.json yet{why}", value=str(root))
         raise ConfigError("SWEEP_DIR", "no run dirs (*/result.json) below this folder", value=str(root))
     runs, notes = [], []
     for p in results:

@@ -65,6 +65,12 @@ class HyperConnect(Injection):
     residual stream h <- h + s, so the loop equals a plain residual loop whose coda input is K h.
     """
 
+    def supports_r(self, r: int) -> bool:
+        return r <= self.r  # lane scalars for the training recurrences only
+
+    def param_group(self, name: str, p: nn.Parameter) -> str:
+        return "scalar"  # lane mixing scalars (AdamW), though alpha and beta are 2-D
+
     def __init__(self, r: int, lanes: int) -> None:
         super().__init__()
         self.r, self.lanes = r, lanes

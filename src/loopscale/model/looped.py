@@ -22,7 +22,7 @@ from torch import nn
 
 from loopscale.config import ModelConfig
 from loopscale.errors import ConfigError
-from loopscale.model.injection import HyperConnect, make_injection
+from loopscale.model.injection import make_injection
 from loopscale.model.layers import Block, KVSlot, RMSNorm, Rotary
 from loopscale.model.loss import softcap_cross_entropy
 
@@ -157,12 +157,9 @@ class LoopedLM(nn.Module):
         if not self.cfg.is_looped:
             raise ConfigError("r", "the r = 1 baseline is a plain stack; only looped models can change r",
                               value=r)
-        if self.cfg.technique is not None and not self.inject.supports_r(r):
-            raise ConfigError("r", f"{self.cfg.technique} cannot run {r} recurrences (trained with {self.cfg.r})",
-                              value=r)
-        if isinstance(self.inject, HyperConnect) and r > self.cfg.r:
-            raise ConfigError("r", f"hyperconnect has lane scalars for {self.cfg.r} recurrences only",
-                              value=r)
+        if not self.inject.supports_r(r):
+            what = self.cfg.technique or "hyperconnect has lane scalars for its training recurrences only:"
+            raise ConfigError("r", f"{what} cannot run {r} recurrences (trained with {self.cfg.r})", value=r)
         return r
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor, *, r: int | None = None) -> torch.Tensor:
@@ -202,7 +199,7 @@ class LoopedLM(nn.Module):
         groups["embed"].append(self.embed.weight)
         groups["head"].append(self.head.weight)
         groups["norm"] += [self.norm_emb.weight, self.norm_final.weight]
-        if self.cfg.technique is not None:
+        if self.cfg.is_looped:  # the injection or technique names each parameter's group
             groups["norm"].append(self.norm_recur.weight)
             for name, p in self.inject.named_parameters():
                 group = self.inject.param_group(name, p)
@@ -210,10 +207,6 @@ class LoopedLM(nn.Module):
                     raise ConfigError("model.technique", f"param_group({name!r}) must be 'matrix', 'scalar' or "
                                       "'norm'", value=group)
                 groups[group].append(p)
-        elif self.cfg.is_looped:
-            groups["norm"].append(self.norm_recur.weight)
-            for p in self.inject.parameters():
-                groups["matrix" if p.dim() == 2 and not isinstance(self.inject, HyperConnect) else "scalar"].append(p)
         return groups
 
     def count_params(self) -> dict[str, int]:
