@@ -1,5 +1,5 @@
 """Paired A/B of one CPU training step of looped models: the loop before and after it moved onto the
-technique interface (``loopscale.technique``), and a user's technique (examples/gated_loop.py) beside the
+technique interface (``loopscale.technique``), and a user's technique (loopscale/examples/gated_loop.py) beside the
 built-in linear injection it extends.
 
     python bench/technique_ab.py [--rounds 20]
@@ -28,7 +28,7 @@ from loopscale.train.hardware import tune_cpu_malloc
 from model_step import hardware, paired_rounds
 
 D, L_EFF, T, BATCH, HEAD_DIM, VOCAB, R = 128, 20, 256, 16, 32, 320, 4
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "gated_loop.py"
+EXAMPLE = Path(__file__).resolve().parent.parent / "src" / "loopscale" / "examples" / "gated_loop.py"
 
 
 def _loop_before(self: LoopedLM, e: torch.Tensor, r: int, cache: object) -> torch.Tensor:

@@ -172,6 +172,28 @@ def test_fit_against_a_control_variants_r1_runs_adds_a_derived_variant(tmp_path,
     assert "--r1-from: no r = 1 runs with this variant" in capsys.readouterr().err
 
 
+def test_delta_phi_pairs_recipes_read_against_the_same_r1_runs(tmp_path, capsys):
+    import pandas as pd
+
+    df = synthetic_runs(0.46, seed=4)
+    r1 = df[df["r"] == 1]
+    ctrl = r1.assign(variant="loop1", run_id=r1["run_id"] + "_loop1")
+    looped = df[df["r"] > 1]
+    probe = looped.assign(variant="probe", val_loss=looped["val_loss"] - 0.02, run_id=looped["run_id"] + "_p")
+    pd.concat([df, ctrl, probe]).to_csv(tmp_path / "runs.csv", index=False)
+    args = ["fit", str(tmp_path / "runs.csv"), "--bootstrap", "20", "--lr-draws", "0", "--restarts", "60",
+            "--json", "--no-per-r", "--no-restricted", "--r1-from", "loop1"]
+    assert run_app([*args, "--reference", "baseline@loop1", "--variant", "baseline@loop1",
+                    "--variant", "probe@loop1", "--restarts", "20", "--no-law-variants"]) == 0
+    capsys.readouterr()
+    (d,) = read_fit(tmp_path / "fit.json")["delta_phi"]
+    assert d["variant"] == "probe@loop1"  # the control's r = 1 runs enter its shared-law fit once, not twice
+    assert d["shared"]["held_out"]["supported"] in ("shared", "separate")
+    assert run_app([*args, "--no-checks"]) == 0
+    capsys.readouterr()
+    assert [d["variant"] for d in read_fit(tmp_path / "fit.json")["delta_phi"]] == ["probe"]
+
+
 def test_fit_takes_several_tables_and_can_fit_seed_means(tmp_path, capsys):
     df = synthetic_runs(0.46, seed=4)
     df.to_csv(tmp_path / "s0.csv", index=False)

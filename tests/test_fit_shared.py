@@ -44,3 +44,28 @@ def test_fit_runs_reports_the_shared_reading_beside_the_calibrated_separate_delt
                                                       per_r=False, law_variants=(), delta=0.02))
     (d,) = res["delta_phi"]
     assert d["shared"]["delta_phi"] == pytest.approx(d["delta_phi"], abs=0.1) and d["shared"]["held_out"] is None
+    gap = d["loss_gap"]  # φ 0.8 vs 0.4 at the same N: lower loss on every matched looped run
+    assert gap["n_runs"] == len(var) and gap["ci"][1] < 0 and gap["lower_in_cells"] == 1.0
+    from loopscale.report.honesty import loss_gap_verdict
+
+    assert d["ci"][0] > 0 and "capacity gain" in loss_gap_verdict(d)
+
+
+def test_the_loss_gap_pairs_the_same_runs_and_reads_lower_loss_with_falling_phi_as_a_token_budget_gain() -> None:
+    from loopscale.report.honesty import loss_gap_reading, loss_gap_verdict
+
+    ref, _ = _pair(0.0)
+    var = ref[ref["r"] > 1].copy()
+    var["variant"] = "probe"
+    var["D"] = var["D"] * 1.5  # a cheaper backward: more tokens at the same C
+    rng = np.random.default_rng(3)
+    var["val_loss"] = var["val_loss"] - 0.05 + 0.01 * rng.standard_normal(len(var))
+    gap = shared.loss_gap(ref, var)
+    assert gap["mean"] == pytest.approx(-0.05, abs=0.01) and gap["ci"][0] < -0.05 < gap["ci"][1] < 0
+    assert gap["n_runs"] == len(var) and gap["n_cells"] == len(var.groupby(["C", "r", "d_model"]))
+    rec = {"variant": "probe", "delta_phi": -0.1, "ci": [-0.2, -0.02], "loss_gap": gap}
+    assert "token-budget gain" in loss_gap_verdict(rec) and "nats" in loss_gap_reading(rec)
+    assert "Δφ cannot tell" in loss_gap_verdict({**rec, "ci": [-0.2, 0.1]})
+    assert loss_gap_verdict({**rec, "loss_gap": {**gap, "ci": [-0.01, 0.02]}}) == "no loss difference resolved"
+    assert shared.loss_gap(ref, var.drop(columns="seed")) is None  # a table from elsewhere: nothing to pair
+    assert shared.loss_gap(ref, var.iloc[:0]) is None

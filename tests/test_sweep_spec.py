@@ -88,6 +88,27 @@ def test_demo_preset_is_a_cpu_grid_that_plans_without_refused_runs() -> None:
     assert 1e13 < plan.total_flops < 1e14
 
 
+def test_probes_preset_runs_each_recipe_on_the_baselines_cells_and_one_seed_at_a_time_is_a_whole_grid() -> None:
+    spec = load_spec("probes")
+    assert spec.seeds == list(range(8)) and spec.budgets == [b / 2 for b in load_spec("demo").budgets]
+    assert {rs.config.model.technique for rs in spec.runs() if rs.variant == "gated"} == \
+        {"loopscale.examples.gated_loop:GatedLoop"}
+    cells = {v: {(rs.C, rs.r, rs.d_model, rs.seed) for rs in spec.runs() if rs.variant == v}
+             for v in spec.variant_names}
+    looped = {cell for cell in cells["baseline"] if cell[1] > 1}
+    assert all(cells[v] == looped for v in ("truncated_bptt", "hyperconnect", "gated"))
+    assert cells["loop1"] == {cell for cell in cells["baseline"] if cell[1] == 1}
+    plan = make_plan(spec)
+    assert not any(w.startswith("refused") for r in plan.rows for w in r.warnings)
+    assert plan.total_flops < 2e14  # docs/cpu-scale.md: about 1 h on 2 cores
+    one = spec.runs(seeds=[1])
+    assert {rs.seed for rs in one} == {1} and len(one) * 8 == len(spec.runs())
+    assert {(rs.variant, rs.r) for rs in spec.runs(["gated"], seeds=[0])} == \
+        {("baseline", 1)} | {("gated", r) for r in (2, 4, 8)}
+    with pytest.raises(ConfigError, match=r"--seed.*not in sweep.seeds = \[0, 1, 2, 3, 4, 5, 6, 7\]"):
+        spec.runs(seeds=[9])
+
+
 def test_study_preset_plans_longer_runs_with_loop_of_one_controls() -> None:
     from loopscale.demo import PRESETS
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import TINY_DATA, TINY_MODEL
-from loopscale import accounting
+from loopscale import accounting, technique
 from loopscale.config import ModelConfig
 from loopscale.errors import ConfigError
 from loopscale.model import LoopedLM
@@ -18,7 +18,7 @@ from test_flops import counted_train_flops_per_token
 
 HERE = Path(__file__).parent
 FIX = str(HERE / "technique_fixtures.py")
-EXAMPLE = str(HERE.parent / "examples" / "gated_loop.py")
+EXAMPLE = str(HERE.parent / "src" / "loopscale" / "examples" / "gated_loop.py")
 SHAPE = {"d_model": 32, "head_dim": 16, "L_eff": 12, "seq_len": 32, "vocab_size": 256}
 
 
@@ -67,12 +67,18 @@ def test_the_shipped_example_declares_what_it_measures_and_runs_its_gates_in_the
     model(x, r=1)
     with pytest.raises(ConfigError, match="cannot run 3 recurrences"):
         model(x, r=3)
+    from loopscale.examples.gated_loop import GatedLoop
+
+    for name in ("gated_loop", "loopscale.examples.gated_loop:GatedLoop"):  # registered like a built-in; module
+        assert type(LoopedLM(cfg(name, r=2)).inject) is GatedLoop
+    assert technique.registered()["gated_loop"] == "loopscale.examples.gated_loop:GatedLoop"
 
 
 @pytest.mark.parametrize(("technique", "options", "field", "says"), [
     ("no_such_module_xyz:Thing", {}, "model.technique", "cannot import 'no_such_module_xyz'"),
     ("examples/missing.py:Thing", {}, "model.technique", "does the file exist?"),
-    ("just_a_name", {}, "model.technique", "expected 'module:Class'"),
+    ("just_a_name", {}, "model.technique", "no technique registered as 'just_a_name' (entry-point group"),
+    ("not a-name", {}, "model.technique", "expected 'module:Class'"),
     (f"{FIX}:Nope", {}, "model.technique", "has no 'Nope'"),
     (f"{FIX}:NotATechnique", {}, "model.technique", "not a subclass of loopscale.technique.Technique"),
     (f"{FIX}:WrongShape", {}, "model.technique", "input(i, e, state) must return a tensor of the stream's shape"),
@@ -184,3 +190,14 @@ def test_a_tiny_sweep_of_the_example_beside_the_baseline_is_trained_collected_an
     assert d["variant"] == "gated" and d["reference"] == "baseline"
     assert "inference" in d and "delta_phi=0" in d["inference"]["tests"]
     assert d["shared"]["assumption"].startswith("the variant shares E, A") and "phi_variant" in d["shared"]
+
+
+def test_eval_skips_a_test_time_r_the_technique_cannot_run_before_loading_any_weights() -> None:
+    from loopscale.eval.runs import r_values_for
+
+    rs, notes = r_values_for(cfg("gated_loop", r=2), [1, 4, 8])
+    assert rs == [1, 2] and [n.split(":")[0] for n in notes] == ["r=4", "r=8"]
+    assert "gated_loop cannot run 4 recurrences (trained with 2)" in notes[0]
+    rs, notes = r_values_for(ModelConfig(**SHAPE, r=2, injection="hyperconnect"), [1, 4])
+    assert rs == [1, 2] and "hyperconnect has lane scalars" in notes[0]
+    assert r_values_for(ModelConfig(**SHAPE, r=2), [1, 4, 8]) == ([1, 2, 4, 8], [])

@@ -202,6 +202,17 @@ def test_info_and_train_resolve_the_same_config(tmp_path, capsys) -> None:
         assert row["steps"] == length["steps"] and row["tokens"] == length["tokens"]
 
 
+@pytest.mark.parametrize("args", [["--budget", "1e18"], ["--budget", "1e18", "--set", "model.r=4",
+                                   "--set", "model.L_eff=20"], ["--budget", "3e11", "--tokens-per-step", "2048"]])
+def test_info_prints_one_step_count_in_its_table_and_its_lr_line(args, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # the table's steps column unwrapped
+    assert run_app(["info", *args]) == 0
+    out = capsys.readouterr().out
+    table = [int(line.split("│")[-2]) for line in out.splitlines() if line.count("│") > 10]
+    lr_line = [int(m.replace(",", "")) for m in re.findall(r"([\d,]+) steps,", out)]
+    assert len(table) == 1 and table == lr_line, out
+
+
 # ---- item 6: progress in a log file -------------------------------------------------------------------------------
 PROGRESS = re.compile(r"^step (\d+)/(\d+) \(\d+%\) loss \d+\.\d{4} \| [\d,]+ tok/s \| elapsed \S+ \| ETA \S+$")
 

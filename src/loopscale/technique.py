@@ -110,9 +110,27 @@ class Cost:
     grad_recurrences: int
 
 
+ENTRY_POINTS = "loopscale.techniques"
+
+
+def registered() -> dict[str, str]:
+    """Techniques installed packages register by name (entry-point group ``loopscale.techniques``): name ->
+    ``module:Class``. Reading the group imports nothing."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINTS)}
+
+
 def load(spec: str) -> type[Technique]:
-    """The class ``module:Class`` (or ``path/to/file.py:Class``) names, or a one-line ``ConfigError`` naming
-    ``model.technique``. Only that module is imported."""
+    """The class ``module:Class`` (or ``path/to/file.py:Class``, or a name registered under the entry-point
+    group ``loopscale.techniques``) names, or a one-line ``ConfigError`` naming ``model.technique``. Only
+    that module is imported."""
+    if ":" not in str(spec) and str(spec).isidentifier():
+        names = registered()
+        if str(spec) not in names:
+            raise ConfigError(FIELD, f"no technique registered as {spec!r} (entry-point group {ENTRY_POINTS} "
+                              f"has {sorted(names)}); or give 'module:Class' / 'path/to/file.py:Class'", value=spec)
+        return load(names[str(spec)])
     module, sep, name = str(spec).rpartition(":")
     is_file = module.endswith(".py")
     if (not sep or not module or not name or not all(p.isidentifier() for p in name.split("."))

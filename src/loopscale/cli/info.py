@@ -157,8 +157,14 @@ def info(
         cfg = validate(ModelConfig, data["model"], source="--set", prefix="model")
         run = data.get("run") if isinstance(data.get("run"), dict) else {}
         if budget is not None or any(k in run for k in ("budget", "tokens", "steps")):
-            tcfg = _train_config(data, budget, tokens_per_step, "--set")
+            from loopscale.train.config import DEFAULT_MODEL
+
+            # the model validated above, whole: the trainer's own defaults (DEFAULT_MODEL, r = 4) must not
+            # fill what ModelConfig's defaults already decided, or the lr line describes another run
+            model = {**{k: getattr(cfg, k) for k in DEFAULT_MODEL if k != "d_model"}, **data["model"]}
+            tcfg = _train_config({**data, "model": model}, budget, tokens_per_step, "--set")
             lr_fields = _lr_fields(tcfg)
+            cfg = tcfg.model
         tps = lr_fields["tokens_per_step"] if lr_fields else (tokens_per_step or grids.PAPER_TOKENS_PER_STEP)
         rows = [accounting.account(cfg, budget=budget or (tcfg.run.budget if tcfg else None), tokens_per_step=tps)]
         lr_rows = [lr_fields]

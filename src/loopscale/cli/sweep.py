@@ -145,6 +145,8 @@ def run(
         "CPU runs trained at once (default: cores // run.threads, or [local] slots; 1 = one at a time in "
         "this process).")),
     variant: list[str] = typer.Option([], "--variant", "-v", help="Only these variants (r = 1 runs included)."),
+    seed: list[int] = typer.Option([], "--seed", help="Only these seeds (repeat; one seed at a time leaves a "
+                                   "whole grid after each)."),
     set_: list[str] = typer.Option([], "--set", help="Dotted override of the spec."),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Give failed runs a fresh set of retries."),
     change_spec: bool = typer.Option(False, "--change-spec", help="Let SPEC replace the sweep dir's spec.toml (runs "
@@ -163,7 +165,7 @@ def run(
     check_slots(slots)
     chosen = executors.get(executor)  # a typo fails before the sweep dir exists
     spec = load_spec(spec_arg, set_)
-    runs = spec.runs(variant or None)
+    runs = spec.runs(variant or None, seed or None)
     for rs in runs:  # refused data (the paper preset without data) fails here, before any job starts
         check_allowed(rs.config.data)
     store = prepare(spec, _store_for(spec_arg, out, spec), change_spec=change_spec)

@@ -142,6 +142,8 @@ def find_runs(sweep_dir: str | Path, *, all_runs: bool = False) -> tuple[list[Ru
 
 def r_values_for(model_cfg: Any, r_values: Sequence[int] | None) -> tuple[list[int], list[str]]:
     """The training r plus every requested r the model can run; notes for the ones it cannot."""
+    from loopscale.model.looped import cannot_run, supports_r
+
     rs, notes = [int(model_cfg.r)], []
     for r in r_values or []:
         r = int(r)
@@ -151,8 +153,8 @@ def r_values_for(model_cfg: Any, r_values: Sequence[int] | None) -> tuple[list[i
             raise ConfigError("--r", "must be a positive number of recurrences", value=r)
         if not model_cfg.is_looped:
             notes.append(f"r={r}: the r = 1 baseline is a plain stack, no loop to vary")
-        elif model_cfg.injection == "hyperconnect" and r > model_cfg.r:
-            notes.append(f"r={r}: hyperconnect has lane scalars for {model_cfg.r} recurrences only")
+        elif not supports_r(model_cfg, r):
+            notes.append(f"r={r}: {cannot_run(model_cfg, r)}")
         else:
             rs.append(r)
     return sorted(rs), notes

@@ -30,7 +30,7 @@ from loopscale.fit.bootstrap import cell_counts, percentile_ci, refit_batch
 from loopscale.fit.formula import COEFFICIENTS, LawData, params_to_theta, r_power, theta_to_params
 from loopscale.fit.law import JointLaw, validate_settings
 from loopscale.fit.paper import PAPER_BOOTSTRAP, PAPER_HUBER_DELTA, PAPER_RESTARTS
-from loopscale.fit.table import as_runs, budget_values, is_control_refit, tokens_per_step
+from loopscale.fit.table import as_runs, budget_values, is_control_refit, r1_anchor, tokens_per_step
 from loopscale.fit.variants import REGISTRY
 from loopscale.fit.verdict import data_rule
 
@@ -336,7 +336,7 @@ def fit_runs(
 
     delta_phi = []
     for v in variants:
-        if v == ref or is_control_refit(v) or not ((v in phi_draws and ref in phi_draws) or
+        if v == ref or r1_anchor(v) != r1_anchor(ref) or not ((v in phi_draws and ref in phi_draws) or
                                                    (v in inf_state and ref in inf_state)):
             continue
         a, b = out_variants[ref]["law"]["params"]["phi"], out_variants[v]["law"]["params"]["phi"]
@@ -357,9 +357,11 @@ def fit_runs(
             entry["inference"] = inference_mod.delta_record(inf_state[ref], inf_state[v], settings.ci_level, d)
             entry["ci"] = entry["inference"]["ci"]
             entry["secondary_ci"] = percentile_ci(d, settings.ci_level)
+        entry["loss_gap"] = shared_mod.loss_gap(frames[ref], frames[v], settings.ci_level)
         if settings.shared:
             say(f"[{v}] shared-law Δφ against {ref}" + (" with held-out cells" if settings.checks else ""))
-            own = frames[v][frames[v]["variant"] == v]  # its shared r = 1 runs are the reference's
+            fv = frames[v]  # the runs the reference also holds (shared r = 1 runs, a control's) enter once
+            own = fv[~fv["run_id"].astype(str).isin(set(frames[ref]["run_id"].astype(str)))]
             entry["shared"] = shared_mod.shared_record(frames[ref], own, settings.law(), checks=settings.checks)
         delta_phi.append(entry)
 

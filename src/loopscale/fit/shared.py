@@ -134,3 +134,36 @@ def shared_record(ref: pd.DataFrame, var: pd.DataFrame, law: JointLaw, *, checks
     }
     rec["held_out"] = held_out(ref, var, law) if checks else None
     return rec
+
+
+MATCH = ("C", "r", "d_model", "seed")
+
+
+def loss_gap(ref: pd.DataFrame, var: pd.DataFrame, level: float = 0.95) -> dict[str, Any] | None:
+    """The variant's val loss minus the reference's on the same looped runs (budget, r, width, seed).
+
+    The paper reads truncated BPTT by this beside Δφ (arXiv 2604.21106 §5): at equal compute its loss is
+    lower while φ falls - the cheaper backward buys tokens, not capacity per repeat. Pairs are averaged over
+    seeds per (C, r, d_model) cell and the interval is a t interval over cells (cells as independent units).
+    None when the tables cannot be matched (no d_model/seed columns, or fewer than two shared cells).
+    """
+    from scipy import stats
+
+    if any(c not in ref.columns or c not in var.columns for c in MATCH):
+        return None
+    keys = list(MATCH)
+    a, b = ref[ref["r"] > 1], var[var["r"] > 1]
+    pairs = a[[*keys, "val_loss"]].merge(b[[*keys, "val_loss"]], on=keys, suffixes=("_ref", "_var"))
+    if pairs.empty:
+        return None
+    pairs = pairs.assign(diff=pairs["val_loss_var"] - pairs["val_loss_ref"])
+    per_cell = pairs.groupby(["C", "r", "d_model"], sort=True)["diff"].mean()
+    n = int(per_cell.size)
+    if n < 2:
+        return None
+    mean, se = float(per_cell.mean()), float(per_cell.std(ddof=1) / np.sqrt(n))
+    q = float(stats.t.ppf(0.5 + level / 2, n - 1))
+    per_budget = pairs.groupby("C", sort=True)["diff"].mean()
+    return {"mean": mean, "ci": [mean - q * se, mean + q * se], "level": level, "n_runs": len(pairs),
+            "n_cells": n, "per_budget": {f"{c:.6g}": float(v) for c, v in per_budget.items()},
+            "lower_in_cells": float(np.mean(per_cell.to_numpy() < 0))}

@@ -33,8 +33,18 @@ CONTROL_SEP = "@"
 
 
 def is_control_refit(variant: str) -> bool:
-    """A ``V@C`` re-fit is the same runs under another r = 1 reference, not a recipe: no Δφ for it."""
+    """A ``V@C`` re-fit is the same runs under another r = 1 reference (control C), not another recipe."""
     return CONTROL_SEP in str(variant)
+
+
+def r1_anchor(variant: str) -> str | None:
+    """The control whose r = 1 runs a variant is read against (``V@C`` -> C), None for its own/shared ones.
+
+    Δφ compares recipes read against the same r = 1 runs only: V@C against the reference B@C, plain V
+    against a plain reference; a φ against other r = 1 runs is another estimand (docs/fit.md, "Δφ").
+    """
+    name = str(variant)
+    return name.split(CONTROL_SEP, 1)[1] if CONTROL_SEP in name else None
 
 
 @dataclass

@@ -52,6 +52,31 @@ class KVCache:
         return self.slots[0].length if self.slots else 0
 
 
+def loop_of(cfg: ModelConfig) -> nn.Module:
+    """The loop's technique for a looped config: the user's class (``model.technique``) or a built-in
+    injection, whose truncated BPTT is its ``grad``."""
+    if cfg.technique is not None:
+        from loopscale import technique
+
+        return technique.build(cfg)
+    inject = make_injection(cfg.injection, cfg.width, cfg.r, cfg.hc_lanes)
+    inject.backprop = (cfg.r, cfg.k_grad)
+    return inject
+
+
+def supports_r(cfg: ModelConfig, r: int) -> bool:
+    """Can a looped model of ``cfg`` run ``r`` recurrences at test time? Asked of its technique built on
+    the meta device (nothing allocated), so eval can skip an r before loading any weights."""
+    with torch.device("meta"):
+        return bool(loop_of(cfg).supports_r(int(r)))
+
+
+def cannot_run(cfg: ModelConfig, r: int) -> str:
+    what = cfg.technique or (f"{cfg.injection} has lane scalars for its training recurrences only:"
+                             if cfg.injection == "hyperconnect" else cfg.injection)
+    return f"{what} cannot run {r} recurrences (trained with {cfg.r})"
+
+
 class LoopedLM(nn.Module):
     #: the loss by row chunks with its gradient in the same pass (``model/loss.py``); False: plain autograd
     fused_loss: bool = True
@@ -74,11 +99,8 @@ class LoopedLM(nn.Module):
             from loopscale import technique
 
             technique.cost(cfg)  # the contract (shapes, placements, declared costs) checked before any training
-            self.inject = technique.build(cfg)
-            self.norm_recur = RMSNorm(d, cfg.norm_eps)
-        elif cfg.is_looped:
-            self.inject = make_injection(cfg.injection, d, cfg.r, cfg.hc_lanes)
-            self.inject.backprop = (cfg.r, cfg.k_grad)  # truncated BPTT, as a technique's grad() says it
+        if cfg.is_looped:
+            self.inject = loop_of(cfg)
             self.norm_recur = RMSNorm(d, cfg.norm_eps)
         self.norm_final = RMSNorm(d, cfg.norm_eps)
         self.head = nn.Linear(d, cfg.vocab_padded, bias=False)
@@ -158,8 +180,7 @@ class LoopedLM(nn.Module):
             raise ConfigError("r", "the r = 1 baseline is a plain stack; only looped models can change r",
                               value=r)
         if not self.inject.supports_r(r):
-            what = self.cfg.technique or "hyperconnect has lane scalars for its training recurrences only:"
-            raise ConfigError("r", f"{what} cannot run {r} recurrences (trained with {self.cfg.r})", value=r)
+            raise ConfigError("r", cannot_run(self.cfg, r), value=r)
         return r
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor, *, r: int | None = None) -> torch.Tensor:

@@ -28,6 +28,8 @@ __all__ = [
     "NOT_IDENTIFIED",
     "Verdict",
     "delta_phi_reading",
+    "loss_gap_reading",
+    "loss_gap_verdict",
     "phi_verdict",
     "range_caveats",
 ]
@@ -57,3 +59,41 @@ def delta_phi_reading(d: dict[str, Any]) -> str:
     if hi < 0:
         return f"{head} (percentile): {d['variant']} lowers φ (less capacity per repeat)"
     return f"{head} (percentile): not distinguishable from 0 at this scale"
+
+
+def _side(ci: list | None) -> int:
+    """+1 / -1 when an interval lies above / below 0, else 0."""
+    lo, hi = (_f(ci[0]), _f(ci[1])) if ci else (None, None)
+    if lo is None or hi is None:
+        return 0
+    return 1 if lo > 0 else -1 if hi < 0 else 0
+
+
+def loss_gap_verdict(d: dict[str, Any]) -> str | None:
+    """The paper's two readings of a recipe (arXiv 2604.21106 §5), from its val loss on the reference's own
+    looped runs and its Δφ: lower loss while φ falls is a token-budget gain (truncated BPTT's cheaper
+    backward buys tokens), lower loss while φ rises a capacity gain (hyperconnections)."""
+    gap = d.get("loss_gap")
+    if not gap or _f(gap.get("mean")) is None:
+        return None
+    loss, phi = _side(gap.get("ci")), _side(d.get("ci"))
+    if loss < 0 and phi < 0:
+        return "lower loss while φ falls: a token-budget gain, not capacity per repeat (the paper's TBPTT reading)"
+    if loss < 0 and phi > 0:
+        return "lower loss and φ rises: a capacity gain per repeat (the paper's hyperconnection reading)"
+    if loss < 0:
+        return "lower loss at equal compute; whether by tokens or by capacity, Δφ cannot tell"
+    if loss > 0 and phi > 0:
+        return "higher loss although φ rises: a repeat is worth more, the runs lose elsewhere"
+    if loss > 0:
+        return "higher loss at equal compute"
+    return "no loss difference resolved"
+
+
+def loss_gap_reading(d: dict[str, Any]) -> str | None:
+    """``loss_gap_verdict`` with its numbers, for prose."""
+    verdict, gap = loss_gap_verdict(d), d.get("loss_gap") or {}
+    if verdict is None:
+        return None
+    return (f"val loss {gap['mean']:+.3f} nats [{gap['ci'][0]:+.3f}, {gap['ci'][1]:+.3f}] on the same "
+            f"{gap['n_runs']} looped runs: {verdict}")

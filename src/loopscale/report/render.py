@@ -12,7 +12,7 @@ from loopscale.fit.paper import PAPER_COEFFICIENTS, PAPER_PHI_CI
 from loopscale.fit.table import CONTROL_SEP
 from loopscale.numbers import MISSING, interval, num, phi_ci
 from loopscale.report.context import ReportContext
-from loopscale.report.honesty import NOT_IDENTIFIED, delta_phi_reading, phi_verdict
+from loopscale.report.honesty import NOT_IDENTIFIED, delta_phi_reading, loss_gap_reading, phi_verdict
 from loopscale.report.plain import plain_headline
 from loopscale.report.tables import Table
 
@@ -180,7 +180,8 @@ def headline(ctx: ReportContext) -> dict[str, Any]:
             e = emp[(emp["r"] == r) & emp["gap_to_r1"].notna()]
             if r != 1 and len(e):
                 emp_gaps.append(f"r = {r}: {e['gap_to_r1'].min():+.3f} to {e['gap_to_r1'].max():+.3f}")
-    dphi = [delta_phi_reading(d) + f" ({d['variant']} − {d['reference']})" for d in ctx.fit.get("delta_phi") or []]
+    dphi = [delta_phi_reading(d) + f" ({d['variant']} − {d['reference']})"
+            + (f"; {gap}" if (gap := loss_gap_reading(d)) else "") for d in ctx.fit.get("delta_phi") or []]
     warnings = list(dict.fromkeys([*ctx.notes, *v.caveats, *(ctx.fit.get("warnings") or [])]))
     hs = (vf.checks or {}).get("half_split") or {}
     if hs.get("phi_difference") is not None and v.resolved and abs(hs["phi_difference"]) > 0.2:

@@ -12,12 +12,12 @@ import numpy as np
 import pandas as pd
 
 from loopscale.fit.formula import equivalent_N
-from loopscale.fit.table import is_control_refit
+from loopscale.fit.table import r1_anchor
 from loopscale.numbers import MISSING, PHI_DIGITS, count, flops, interval, num, phi_ci, phi_interval, signed
 from loopscale.numbers import phi as phi_txt
 from loopscale.report.context import ReportContext
 from loopscale.report.data import axes_scores, axis_order, equivalence_ratios, tt_scores
-from loopscale.report.honesty import delta_phi_reading
+from loopscale.report.honesty import delta_phi_reading, loss_gap_verdict
 from loopscale.report.inputs import AXIS_TITLES
 
 
@@ -128,12 +128,18 @@ def delta_phi_table(ctx: ReportContext) -> Table | None:
         if vd.phi is not None and not vd.resolved:
             phi += " — not resolved"
         if name == ctx.variant:
-            rows.append([name + " (reference)", phi, "–", "–", "–", "reference"])
+            rows.append([name + " (reference)", phi, "–", "–", "–", "–", "reference"])
         elif d is None:
-            why = "a re-fit against control r = 1 runs, not a recipe" if is_control_refit(name) else "φ undetermined"
-            rows.append([name, phi, "–", "–", "–", f"Δφ not computed ({why})"])
+            why = ("read against other r = 1 runs than the reference" if r1_anchor(name) != r1_anchor(ctx.variant)
+                   else "φ undetermined")
+            rows.append([name, phi, "–", "–", "–", "–", f"Δφ not computed ({why})"])
         else:
             frac = MISSING if d.get("fraction_above_zero") is None else f"{d['fraction_above_zero']:.2f}"
+            gap = d.get("loss_gap") or {}
+            gap_cell = (f"{signed(gap['mean'], 3)} {interval(gap.get('ci'), 3, is_signed=True)}"
+                        if isinstance(gap.get("mean"), int | float) else "–")
+            reading = delta_phi_reading(d).split(": ", 1)[-1]
+            both = loss_gap_verdict(d)
             rows.append(
                 [
                     name,
@@ -141,19 +147,23 @@ def delta_phi_table(ctx: ReportContext) -> Table | None:
                     f"{signed(d['delta_phi'], PHI_DIGITS)} {interval(d.get('ci'), PHI_DIGITS, is_signed=True)}",
                     frac,
                     _shared_cell(d.get("shared")),
-                    delta_phi_reading(d).split(": ", 1)[-1],
+                    gap_cell,
+                    reading if both is None else f"{reading}; {both}",
                 ]
             )
     return Table(
         "tab-delta-phi",
         "Δφ per recipe (separate fits, calibrated interval; and under one shared law)",
-        ["recipe", "φ [CI]", "Δφ [CI]", "P(Δφ > 0)", "shared law: Δφ (held-out reading)", "reading"],
+        ["recipe", "φ [CI]", "Δφ [CI]", "P(Δφ > 0)", "shared law: Δφ (held-out reading)",
+         "Δ val loss, same runs [CI]", "reading"],
         rows,
         "r = 1 runs are shared by every recipe; Δφ = φ(recipe) − φ(reference). Separate fits give each recipe "
         "its own E, A, α, B, β; the shared law keeps the reference's and moves only φ (fit/shared.py), and its "
-        f"held-out test says whether the data contradict that. For reference, the paper (arXiv 2604.21106) "
-        f"measures φ = {probes['baseline']:.2f} for its baseline, {probes['truncated_bptt']:.2f} for truncated "
-        f"BPTT (Δφ {probes['truncated_bptt'] - probes['baseline']:+.2f}: val loss improves while φ falls, a "
+        "held-out test says whether the data contradict that. Δ val loss: the recipe's loss minus the "
+        "reference's on the same looped runs (budget, r, width, seed; t interval over cells). For reference, "
+        f"the paper (arXiv 2604.21106) measures φ = {probes['baseline']:.2f} for its baseline, "
+        f"{probes['truncated_bptt']:.2f} for truncated BPTT "
+        f"(Δφ {probes['truncated_bptt'] - probes['baseline']:+.2f}: val loss improves while φ falls, a "
         f"token-budget gain, not a capacity gain) and {probes['hyperconnect']:.2f} for hyperconnections "
         f"(Δφ {probes['hyperconnect'] - probes['baseline']:+.2f}, a capacity gain).",
     )

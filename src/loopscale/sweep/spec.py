@@ -171,19 +171,29 @@ class SweepSpec:
         """d_model values of ``variant``'s runs at (C, r): its own widths where it sets them, else the sweep's."""
         return self.variant_widths.get(variant, {}).get((C, r), self.widths[(C, r)])
 
-    def runs(self, variants: list[str] | None = None) -> list[RunSpec]:
-        """Every run, in plan order (budget, variant, r, width, seed); r = 1 runs listed once."""
+    def runs(self, variants: list[str] | None = None, seeds: list[int] | None = None) -> list[RunSpec]:
+        """Every run, in plan order (budget, variant, r, width, seed); r = 1 runs listed once.
+
+        ``seeds`` keeps those seeds only: a sweep run one seed at a time is a whole grid after each.
+        """
         if self._runs is None:
             self._runs = _expand(self)
+        runs = list(self._runs)
+        if seeds:
+            unknown_seeds = [s for s in seeds if s not in self.seeds]
+            if unknown_seeds:
+                raise ConfigError("--seed", f"not in sweep.seeds = {self.seeds}", value=unknown_seeds[0],
+                                  source=self.source)
+            runs = [rs for rs in runs if rs.seed in seeds]
         if not variants:
-            return list(self._runs)
+            return runs
         unknown = [v for v in variants if v not in self.variant_names]
         if unknown:
             raise ConfigError("--variant", f"not in the spec; it has {self.variant_names}", value=unknown[0],
                               source=self.source)
         keep = set(variants)
         share_r1 = any(v == BASELINE or self.variants[v].r1 == "shared" for v in keep)
-        return [rs for rs in self._runs
+        return [rs for rs in runs
                 if rs.variant in keep or (share_r1 and rs.r == 1 and rs.variant == BASELINE)]
 
     def resolved_text(self) -> str:

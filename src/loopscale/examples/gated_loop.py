@@ -4,8 +4,9 @@
     h_{i+1} = h_i + sigmoid(g_i) * (s_i - h_i)  (g_i: one vector per recurrence, initialised to 2)
 
 At init sigmoid(2) = 0.88, close to the plain update h <- s; training can learn to carry more of the old
-state through some recurrences. Use it with `model.technique = "examples/gated_loop.py:GatedLoop"`
-(docs/extending.md, "A new looped technique").
+state through some recurrences. Use it with `model.technique = "loopscale.examples.gated_loop:GatedLoop"`,
+or copy the file anywhere and name it by path, `"gated_loop.py:GatedLoop"` (docs/extending.md, "A new looped
+technique"); the `probes` preset runs it beside the paper's probes.
 """
 
 import torch
