@@ -153,11 +153,6 @@ def _metrics(law: JointLaw) -> dict[str, Any]:
     }
 
 
-def identifiability_warnings(df: pd.DataFrame, variant: str, reference_r: int | None = None) -> list[str]:
-    """The data rule's warnings for one variant's runs (``verdict.data_rule``), tagged with the variant."""
-    return [f"[{variant}] {w}" for w in data_rule(df, reference_r=reference_r).warnings]
-
-
 # ---- the fit ---------------------------------------------------------------------------------
 def fit_runs(
     table: Any, settings: FitSettings | None = None, progress: Callable[[str], None] | None = None

@@ -80,10 +80,6 @@ class DataRule:
     caveats: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # for the CLI's warning lines (legacy wording)
 
-    @property
-    def enough_runs(self) -> bool:
-        return self.n_runs > self.n_params
-
     def as_dict(self) -> dict[str, Any]:
         return {"n_runs": self.n_runs, "n_params": self.n_params, "reasons": self.reasons, "caveats": self.caveats}
 

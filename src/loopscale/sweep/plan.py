@@ -80,10 +80,6 @@ class Plan:
             return self.total_s
         return makespan([r.est_s or 0.0 for r in self.rows], self.slots) + SLOT_START_S
 
-    @property
-    def n_warnings(self) -> int:
-        return sum(bool(r.warnings) for r in self.rows)
-
     def by_variant(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for r in self.rows:

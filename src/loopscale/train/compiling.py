@@ -18,8 +18,6 @@ from typing import Any
 import torch
 from torch import nn
 
-MODES = ("auto", "off", "blocks", "model")
-
 
 def resolved_mode(mode: str, device: torch.device) -> str:
     """``auto``: the whole model on CUDA, eager on CPU."""
