@@ -101,7 +101,7 @@ def test_probes_preset_runs_each_recipe_on_the_baselines_cells_and_one_seed_at_a
     assert cells["loop1"] == {cell for cell in cells["baseline"] if cell[1] == 1}
     plan = make_plan(spec)
     assert not any(w.startswith("refused") for r in plan.rows for w in r.warnings)
-    assert plan.total_flops < 2e14  # docs/cpu-scale.md: about 1 h on 2 cores
+    assert plan.total_flops < 2e14  # docs/cpu-scale.md: 44 min on 2 cores
     one = spec.runs(seeds=[1])
     assert {rs.seed for rs in one} == {1} and len(one) * 8 == len(spec.runs())
     assert {(rs.variant, rs.r) for rs in spec.runs(["gated"], seeds=[0])} == \
