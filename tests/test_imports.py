@@ -114,3 +114,21 @@ def test_no_import_runs_up_into_the_cli() -> None:
 def test_a_circle_or_an_upward_import_would_be_seen() -> None:
     """The checks themselves: a made-up circle is found."""
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """A name another module needs is public (``from loopscale.x import _y`` hides an API); relative
+    imports inside one package resolve to absolute names first."""
+    found = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            module = (f"{base}.{node.module}" if node.module else base) if node.level else node.module
+            if not module or not module.startswith("loopscale") or module == name:
+                continue
+            found += [f"{name}: from {module} import {a.name}" for a in node.names
+                      if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not found, found

@@ -164,12 +164,12 @@ def design(
     if as_json:
         from dataclasses import asdict
 
-        from loopscale.fit.fitfile import _clean
+        from loopscale.fit.fitfile import json_ready
 
         doc_out = {"spec": sp.source, "prior": prior_src, "prior_law": law, "result": res.as_dict(),
                    "search": [asdict(r) for r in rows], "target_width": target,
                    "cheapest_reaching_target": None if best is None else asdict(best), "wall_s": wall}
-        console.print_json(json.dumps(_clean(doc_out)))
+        console.print_json(json.dumps(json_ready(doc_out)))
         return
     _print(sp, grid, res, rows, best, target, prior_src, law, wall, search_sims)
 

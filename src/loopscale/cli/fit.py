@@ -241,7 +241,7 @@ def _print_compare(cmp: dict[str, Any], style: box.Box) -> None:
 
 
 def _summary(result: dict[str, Any]) -> dict[str, Any]:
-    from loopscale.fit.fitfile import _clean
+    from loopscale.fit.fitfile import json_ready
     from loopscale.fit.formula import COEFFICIENTS
     from loopscale.fit.result import FitResult
     from loopscale.fit.verdict import phi_verdict
@@ -271,7 +271,7 @@ def _summary(result: dict[str, Any]) -> dict[str, Any]:
     if result.get("compare"):
         out["compare"] = result["compare"]
     out["warnings"] = result["warnings"]
-    return _clean(out)
+    return json_ready(out)
 
 
 def _print_fit(result: dict[str, Any], markdown: bool) -> None:
@@ -457,9 +457,9 @@ def plan(
     if not rows:
         raise ConfigError("--r", "no r to plan: each r must divide the template's recurrent depth", value=list(r))
     if as_json:
-        from loopscale.fit.fitfile import _clean
+        from loopscale.fit.fitfile import json_ready
 
-        console.print_json(json.dumps(_clean({"budget": budget, "source": src, "template": template,
+        console.print_json(json.dumps(json_ready({"budget": budget, "source": src, "template": template,
                                               "tokens_per_step": int(tokens_per_step or tps),
                                               "verdict": None if verdict is None else verdict.as_dict(),
                                               "plan": rows})))

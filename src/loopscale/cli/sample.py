@@ -24,10 +24,10 @@ def sample(
     """Continue a prompt with the looped KV cache; the text stops at the first BOS (a document's end)."""
     import torch
 
-    from loopscale.eval.runs import _device, tokenizer_for
+    from loopscale.eval.runs import resolve_device, tokenizer_for
     from loopscale.train.checkpoint import load_model
 
-    model, cfg = load_model(run, device=_device(device))
+    model, cfg = load_model(run, device=resolve_device(device))
     tok = tokenizer_for(cfg)
     dev = next(model.parameters()).device
     idx = torch.tensor([[tok.bos_id, *tok.encode(prompt)]], device=dev)

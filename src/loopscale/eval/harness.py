@@ -49,10 +49,10 @@ class LoopscaleLM(LM):
         if model is None:
             if pretrained is None:
                 raise ConfigError("pretrained", "give a run dir (model_args='pretrained=RUN_DIR') or model=")
-            from loopscale.eval.runs import _device, tokenizer_for
+            from loopscale.eval.runs import resolve_device, tokenizer_for
             from loopscale.train.checkpoint import load_model
 
-            model, cfg = load_model(pretrained, device=_device(device or "cpu"))
+            model, cfg = load_model(pretrained, device=resolve_device(device or "cpu"))
             tokenizer = tokenizer or tokenizer_for(cfg)
         if tokenizer is None:
             from loopscale.data.tokenizer import ByteTokenizer

@@ -202,7 +202,7 @@ def evaluate_run(run: RunRef | str | Path, tasks: str | Sequence[str] = "world",
         raise ConfigError("checkpoint", f"no {WEIGHTS} in {ref.run_dir} (is the run finished?)",
                           value=str(ref.run_dir))
     cfg = validate(TrainConfig, load_mapping(ref.run_dir / CONFIG), source=str(ref.run_dir / CONFIG))
-    dev = torch.device(_device(device))
+    dev = torch.device(resolve_device(device))
     dtype = resolved_dtype(dev, dtype)
     rs, notes = r_values_for(cfg.model, r_values)
     results: dict[int, EvalResult] = {}
@@ -285,7 +285,7 @@ def tokenizer_for(cfg: Any) -> Any:
     return tok
 
 
-def _device(device: str) -> str:
+def resolve_device(device: str) -> str:
     if device == "auto":
         import torch
 

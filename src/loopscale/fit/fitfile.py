@@ -19,14 +19,14 @@ from loopscale.fit.result import FORMAT, VERSION, FitResult
 from loopscale.io import atomic_write_text
 
 
-def _clean(obj: Any) -> Any:
+def json_ready(obj: Any) -> Any:
     """numpy and NaN-free, JSON-ready copy of obj."""
     if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
+        return {str(k): json_ready(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return [_clean(v) for v in obj]
+        return [json_ready(v) for v in obj]
     if isinstance(obj, np.ndarray):
-        return _clean(obj.tolist())
+        return json_ready(obj.tolist())
     if isinstance(obj, np.bool_ | bool):
         return bool(obj)
     if isinstance(obj, np.integer):
@@ -43,7 +43,7 @@ def write_fit(path: str | Path, fit: Any) -> Path:
         fit = {k: v for k, v in fit.to_dict().items() if k not in ("format", "version")}
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"format": FORMAT, "version": VERSION, **_clean(fit)}
+    doc = {"format": FORMAT, "version": VERSION, **json_ready(fit)}
     text = json.dumps(doc, indent=1, allow_nan=False)
     atomic_write_text(p, text)  # loopscale.io imports no torch at module level
     return p

@@ -176,7 +176,7 @@ class Verdict:
                 "claims": self.claims}
 
 
-def _f(x: Any) -> float | None:
+def finite_or_none(x: Any) -> float | None:
     try:
         v = float(x)
     except (TypeError, ValueError):
@@ -221,13 +221,13 @@ def phi_verdict(fit: Any, variant: str | None = None) -> Verdict:
     reasons += list(ident.get("reasons") or [])
     if "phi" in law.at_bounds:
         reasons.append(f"the fit ran to a bound of φ's box [{lo_b:g}, {hi_b:g}] (φ = {phi_txt(phi)})")
-    r2 = _f(rec.metrics.r2)
+    r2 = finite_or_none(rec.metrics.r2)
     if r2 is not None and r2 < MIN_R2:
         reasons.append(f"the joint law explains little of the loss (R² = {r2:.3f} < {MIN_R2}), so its φ means nothing")
     if law.converged is False:
         reasons.append(f"the optimiser did not converge ({law.message or 'no message'})")
     near = [m for m in law.minima if m.get("near_optimal")]
-    phis = [_f(m["params"].get("phi")) for m in near if _f(m["params"].get("phi")) is not None]
+    phis = [finite_or_none(m["params"].get("phi")) for m in near if finite_or_none(m["params"].get("phi")) is not None]
     if len(phis) > 1 and max(phis) - min(phis) > MINIMA_PHI_SPREAD:
         reasons.append(
             f"{len(phis)} near-optimal minima (within 1% of the best objective) disagree on φ "
@@ -259,7 +259,7 @@ def phi_verdict(fit: Any, variant: str | None = None) -> Verdict:
     undet = boot.phi_undetermined_draws
     if n_boot and undet and undet / n_boot > MAX_UNDETERMINED_SHARE:
         reasons.append(f"{undet} of {n_boot} bootstrap draws left φ undetermined (no r > 1 cell drawn)")
-    conv = _f(boot.converged_fraction)
+    conv = finite_or_none(boot.converged_fraction)
     if conv is not None and conv < 0.9:
         caveats.append(f"only {conv:.0%} of bootstrap refits converged")
     caveats += fit_caveats(rec, inf)
@@ -288,14 +288,14 @@ def fit_caveats(rec: Any, inf: dict[str, Any]) -> list[str]:
     """What the whole fit says beyond phi's interval: coefficients at their box, A undetermined, draws that
     break the data rule, r = 1 runs fitting far worse than the looped ones, an interval in pieces."""
     out: list[str] = []
-    mc = [x for x in ((inf.get("phi") or {}).get("mc_sd") or []) if _f(x) is not None]
+    mc = [x for x in ((inf.get("phi") or {}).get("mc_sd") or []) if finite_or_none(x) is not None]
     if mc and max(mc) > MAX_MC_SD:
         n = int((inf.get("null") or {}).get("n") or 0)
         out.append(f"the interval's ends carry a Monte-Carlo sd of up to {max(mc):.3f} from {n} bootstrap tables "
                    "(a flat profile there); another --seed moves them by about that, more --lr-draws less")
     if (inf.get("phi") or {}).get("disjoint"):
         out.append("the profile interval is more than one piece (the profile has several dips); it gives their hull")
-    share = _f((inf.get("null") or {}).get("at_bounds_fraction"))
+    share = finite_or_none((inf.get("null") or {}).get("at_bounds_fraction"))
     if share is not None and share > MAX_AT_BOUNDS_SHARE:
         out.append(f"in {share:.0%} of the wild-bootstrap refits a coefficient sits at its box bound: the law's "
                    "other coefficients are poorly pinned at this scale")
@@ -314,7 +314,7 @@ def fit_caveats(rec: Any, inf: dict[str, Any]) -> list[str]:
         out.append(f"of the block bootstrap's {boot.n} draws, {broken.get('no_r1', 0)} have no r = 1 cell and "
                    f"{broken.get('missing_r', 0)} lack some r: its percentile interval (secondary) rests partly on "
                    "tables that cannot identify φ")
-    rm = {int(k): _f(v) for k, v in (rec.metrics.rmse_per_r or {}).items() if _f(v) is not None}
+    rm = {int(k): finite_or_none(v) for k, v in (rec.metrics.rmse_per_r or {}).items() if finite_or_none(v) is not None}
     looped = [v for k, v in rm.items() if k > 1]
     if 1 in rm and looped and rm[1] > MAX_R1_RMSE_RATIO * max(looped):
         out.append(f"the r = 1 runs fit {rm[1] / max(looped):.1f}× worse than the looped ones (RMSE {rm[1]:.3f} vs "
@@ -337,7 +337,7 @@ def claims(rec: Any, level: float, *, resolved: bool) -> list[str]:
         return f"p ≤ {1 / (n_null + 1):.2g}" if n_null and p <= 1 / (n_null + 1) + 1e-12 else f"p = {p:.2g}"
 
     for t in tests.values():
-        x, p = _f(t.get("value")), _f(t.get("p"))
+        x, p = finite_or_none(t.get("value")), finite_or_none(t.get("p"))
         if x is None or p is None:
             continue
         what = f"the paper's φ = {x:.2f}" if abs(x - PAPER_PHI) < 1e-9 else f"φ = {x:g}"

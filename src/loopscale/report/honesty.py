@@ -15,7 +15,7 @@ from loopscale.fit.verdict import (
     MINIMA_PHI_SPREAD,
     NOT_IDENTIFIED,
     Verdict,
-    _f,
+    finite_or_none,
     phi_verdict,
     range_caveats,
 )
@@ -39,16 +39,16 @@ def delta_phi_reading(d: dict[str, Any]) -> str:
     """One honest sentence for a Delta-phi record of the fit file: the calibrated interval and the test of
     Delta-phi = 0 when the record has them (fit/inference.py), else the paired percentile interval."""
     ci = d.get("ci")
-    dphi = _f(d.get("delta_phi"))
+    dphi = finite_or_none(d.get("delta_phi"))
     if dphi is None:
         return "Δφ undetermined"
-    if not ci or _f(ci[0]) is None or _f(ci[1]) is None:
+    if not ci or finite_or_none(ci[0]) is None or finite_or_none(ci[1]) is None:
         return f"Δφ = {dphi:+.3f} (no CI)"
     lo, hi = float(ci[0]), float(ci[1])
     test = ((d.get("inference") or {}).get("tests") or {}).get("delta_phi=0")
     head = f"Δφ = {dphi:+.3f} [{lo:+.3f}, {hi:+.3f}]"
     if test is not None:
-        p = _f(test.get("p"))
+        p = finite_or_none(test.get("p"))
         if test.get("rejected") and lo > 0:
             return f"{head}, p = {p:.3g} for Δφ = 0: {d['variant']} raises φ (a capacity gain per repeat)"
         if test.get("rejected") and hi < 0:
@@ -63,7 +63,7 @@ def delta_phi_reading(d: dict[str, Any]) -> str:
 
 def _side(ci: list | None) -> int:
     """+1 / -1 when an interval lies above / below 0, else 0."""
-    lo, hi = (_f(ci[0]), _f(ci[1])) if ci else (None, None)
+    lo, hi = (finite_or_none(ci[0]), finite_or_none(ci[1])) if ci else (None, None)
     if lo is None or hi is None:
         return 0
     return 1 if lo > 0 else -1 if hi < 0 else 0
@@ -74,7 +74,7 @@ def loss_gap_verdict(d: dict[str, Any]) -> str | None:
     looped runs and its Δφ: lower loss while φ falls is a token-budget gain (truncated BPTT's cheaper
     backward buys tokens), lower loss while φ rises a capacity gain (hyperconnections)."""
     gap = d.get("loss_gap")
-    if not gap or _f(gap.get("mean")) is None:
+    if not gap or finite_or_none(gap.get("mean")) is None:
         return None
     loss, phi = _side(gap.get("ci")), _side(d.get("ci"))
     if loss < 0 and phi < 0:

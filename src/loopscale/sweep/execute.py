@@ -209,20 +209,20 @@ def _settle(store: SweepStore, rs: Any, att: dict[str, Any], ending: _Ending, ma
                     wall_s=res.get("wall_s"))
         return "done" if status == "ok" else ("diverged" if status == "diverged" else "failed")
     if ending.kind == "config":
-        _record_failure(store, rs, att, ending.error, ending.traceback, retryable=False, wall_s=ending.wall_s)
+        record_failure(store, rs, att, ending.error, ending.traceback, retryable=False, wall_s=ending.wall_s)
         return "failed"
     if ending.kind == "failed":
         from loopscale.train import read_result
 
         rec = read_result(store.run_dir(run_id)) or {}
-        _record_failure(store, rs, att, str(rec.get("error", "failed")), rec.get("traceback", ""), retryable=True,
+        record_failure(store, rs, att, str(rec.get("error", "failed")), rec.get("traceback", ""), retryable=True,
                         wall_s=ending.wall_s, write_result=not rec)
     else:
-        _record_failure(store, rs, att, ending.error, ending.traceback, retryable=True, wall_s=ending.wall_s)
+        record_failure(store, rs, att, ending.error, ending.traceback, retryable=True, wall_s=ending.wall_s)
     return "retry" if att["failures"] <= max_retries else "failed"
 
 
-def _record_failure(store: SweepStore, rs: Any, att: dict[str, Any], error: str, tb: str, *, retryable: bool,
+def record_failure(store: SweepStore, rs: Any, att: dict[str, Any], error: str, tb: str, *, retryable: bool,
                     wall_s: float, write_result: bool = True) -> None:
     """Count the failure in attempts.json; write result.json (status failed) if the trainer did not."""
     from loopscale.train.loop import result_fields

@@ -38,7 +38,7 @@ from loopscale.signals import STOP, StopSignals
 from loopscale.sweep.execute import execute_run, runnable, tidy_finished_run
 from loopscale.sweep.executor import Executor, SweepBusy, SweepIncomplete, SweepJob
 from loopscale.sweep.progress import SweepProgress, duration
-from loopscale.sweep.store import SweepStore, _last_step
+from loopscale.sweep.store import SweepStore, last_step
 
 if TYPE_CHECKING:
     from loopscale.sweep.spec import RunSpec
@@ -347,7 +347,7 @@ def _run_subprocesses(store: SweepStore, queue: collections.deque, slots: list[d
                 prog.start_run(rid, flops[rid], steps[rid], store.state(rid).step or 0,
                                slot=i if len(slots) > 1 else None)
             for i, (proc, rid, log) in list(active.items()):
-                step = _last_step(store.run_dir(rid))
+                step = last_step(store.run_dir(rid))
                 if step is not None:
                     prog.step(rid, step, steps[rid])
                 code = proc.poll()
@@ -452,7 +452,7 @@ def _run_slot_workers(store: SweepStore, queue: collections.deque, envs: list[di
                 for i, slot in list(slots.items()):
                     if slot.run_id is None:
                         continue
-                    step = _last_step(store.run_dir(slot.run_id))
+                    step = last_step(store.run_dir(slot.run_id))
                     if step is not None:
                         prog.step(slot.run_id, step, steps[slot.run_id])
                     if slot.finished():
@@ -522,13 +522,13 @@ def _outcome_after_worker(store: SweepStore, run_id: str, code: int, max_retries
     if st.status == "running":
         return "busy"
     # the worker died without a record (killed, out of memory, segfault): count it as a failure
-    from loopscale.sweep.execute import _record_failure
+    from loopscale.sweep.execute import record_failure
 
     tail = ""
     log = store.run_dir(run_id) / "worker.log"
     if log.exists():
         tail = log.read_bytes()[-2000:].decode("utf-8", "replace")
     att = store.attempts(run_id)
-    _record_failure(store, store.load_run(run_id), att, f"worker exited with status {code} without a result",
+    record_failure(store, store.load_run(run_id), att, f"worker exited with status {code} without a result",
                     tail, retryable=True, wall_s=0.0)
     return "retry" if att["failures"] <= max_retries else "failed"

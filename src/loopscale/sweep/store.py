@@ -282,7 +282,7 @@ class SweepStore:
             status = {"ok": "done", "diverged": "diverged"}.get(str(result.get("status")), "failed")
             return RunState(run_id, status, result, attempts, problem=note)
         lock = self.live_lock(run_id)
-        step = _last_step(d)
+        step = last_step(d)
         if lock is not None:  # a live process may be about to replace an unreadable result.json
             return RunState(run_id, "running", None, attempts, lock, step, problem=note)
         if bad is not None:
@@ -320,7 +320,7 @@ class SweepStore:
             (self.run_dir(run_id) / QUEUED).unlink()
 
 
-def _last_step(run_dir: Path) -> int | None:
+def last_step(run_dir: Path) -> int | None:
     """The step of the last metrics line (cheap: reads the file's tail)."""
     p = run_dir / "metrics.jsonl"
     try:
