@@ -4,6 +4,7 @@ held-out test of that assumption."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from loopscale.fit import shared
@@ -69,3 +70,18 @@ def test_the_loss_gap_pairs_the_same_runs_and_reads_lower_loss_with_falling_phi_
     assert loss_gap_verdict({**rec, "loss_gap": {**gap, "ci": [-0.01, 0.02]}}) == "no loss difference resolved"
     assert shared.loss_gap(ref, var.drop(columns="seed")) is None  # a table from elsewhere: nothing to pair
     assert shared.loss_gap(ref, var.iloc[:0]) is None
+
+
+def test_the_loss_gap_of_seed_means_pairs_cells_and_counts_the_runs_behind_them() -> None:
+    from loopscale.fit.table import validate_runs
+
+    ref, _ = _pair(0.0)
+    two = [ref.assign(seed=s, run_id=ref["run_id"] + f"_s{s}") for s in (0, 1)]
+    var = [t[t["r"] > 1].assign(variant="probe", val_loss=t["val_loss"] - 0.03, run_id=t["run_id"] + "_p")
+           for t in two]
+    var[0] = var[0].assign(seed=5)  # another seed numbering: a seed-mean row keeps its first run's seed
+    means = validate_runs(pd.concat([*two, *var])).seed_means().df
+    gap = shared.loss_gap(means[means["variant"] == "baseline"], means[means["variant"] == "probe"])
+    looped = ref[ref["r"] > 1]
+    assert gap["mean"] == pytest.approx(-0.03) and gap["n_cells"] == len(looped.groupby(["C", "r", "d_model"]))
+    assert gap["n_runs"] == 2 * len(looped)

@@ -201,3 +201,15 @@ def test_eval_skips_a_test_time_r_the_technique_cannot_run_before_loading_any_we
     rs, notes = r_values_for(ModelConfig(**SHAPE, r=2, injection="hyperconnect"), [1, 4])
     assert rs == [1, 2] and "hyperconnect has lane scalars" in notes[0]
     assert r_values_for(ModelConfig(**SHAPE, r=2), [1, 4, 8]) == ([1, 2, 4, 8], [])
+
+
+def test_a_refused_technique_writes_no_run_dir_so_the_fixed_config_trains_there(tmp_path: Path) -> None:
+    from loopscale.train import load_train_config, train
+
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match="no technique registered as 'nope'"):
+        train(load_train_config(_tiny_run_config(tmp_path, "nope", steps=6, ckpt_every=5)), out, progress=False)
+    assert not out.exists()
+    result = train(load_train_config(_tiny_run_config(tmp_path, "gated_loop", steps=6, ckpt_every=5)), out,
+                   progress=False)
+    assert result["status"] == "ok" and result["technique"] == "gated_loop"

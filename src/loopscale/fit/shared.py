@@ -145,15 +145,18 @@ def loss_gap(ref: pd.DataFrame, var: pd.DataFrame, level: float = 0.95) -> dict[
     The paper reads truncated BPTT by this beside Δφ (arXiv 2604.21106 §5): at equal compute its loss is
     lower while φ falls - the cheaper backward buys tokens, not capacity per repeat. Pairs are averaged over
     seeds per (C, r, d_model) cell and the interval is a t interval over cells (cells as independent units).
+    A table of seed means (``n_seeds``) is paired per cell, its rows already being means over the seeds.
     None when the tables cannot be matched (no d_model/seed columns, or fewer than two shared cells).
     """
     from scipy import stats
 
-    if any(c not in ref.columns or c not in var.columns for c in MATCH):
+    seed_means = "n_seeds" in ref.columns and "n_seeds" in var.columns
+    keys = list(MATCH[:3] if seed_means else MATCH)
+    if any(c not in ref.columns or c not in var.columns for c in keys):
         return None
-    keys = list(MATCH)
+    count = ["n_seeds"] if seed_means else []
     a, b = ref[ref["r"] > 1], var[var["r"] > 1]
-    pairs = a[[*keys, "val_loss"]].merge(b[[*keys, "val_loss"]], on=keys, suffixes=("_ref", "_var"))
+    pairs = a[[*keys, "val_loss"]].merge(b[[*keys, "val_loss", *count]], on=keys, suffixes=("_ref", "_var"))
     if pairs.empty:
         return None
     pairs = pairs.assign(diff=pairs["val_loss_var"] - pairs["val_loss_ref"])
@@ -164,6 +167,7 @@ def loss_gap(ref: pd.DataFrame, var: pd.DataFrame, level: float = 0.95) -> dict[
     mean, se = float(per_cell.mean()), float(per_cell.std(ddof=1) / np.sqrt(n))
     q = float(stats.t.ppf(0.5 + level / 2, n - 1))
     per_budget = pairs.groupby("C", sort=True)["diff"].mean()
-    return {"mean": mean, "ci": [mean - q * se, mean + q * se], "level": level, "n_runs": len(pairs),
+    n_runs = int(pairs["n_seeds"].sum()) if seed_means else len(pairs)  # the variant's runs behind the pairs
+    return {"mean": mean, "ci": [mean - q * se, mean + q * se], "level": level, "n_runs": n_runs,
             "n_cells": n, "per_budget": {f"{c:.6g}": float(v) for c, v in per_budget.items()},
             "lower_in_cells": float(np.mean(per_cell.to_numpy() < 0))}

@@ -224,6 +224,10 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, progress: bool = True,
                 ck.tidy_finished(run_dir, keep_checkpoint=cfg.run.keep_checkpoint)  # a kill may have left ckpt.pt
                 return done
         total_steps = cfg.check_length()
+        if cfg.model.technique is not None:  # its contract, before the run dir exists: a refused one writes nothing
+            from loopscale import technique
+
+            technique.cost(cfg.model)
         dist, device = setup_dist(cfg.run.device)
         threads = setup_threads(cfg.run.threads, dist)
         if device.type == "cpu":
