@@ -36,7 +36,7 @@ import json, sys, time
 def rss(key):
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(key)) * 1024
 from loopscale.config import validate
-from loopscale.data.config import DataConfig
+from loopscale.config.data import DataConfig
 from loopscale.train.batches import load_token_data
 cfg = validate(DataConfig, json.loads(sys.argv[1]), prefix="data")
 before = rss("VmRSS:")
@@ -52,7 +52,7 @@ import json, sys
 def kib(key):
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(key))
 from loopscale.config import validate
-from loopscale.data.config import DataConfig
+from loopscale.config.data import DataConfig
 from loopscale.train.batches import load_token_data
 anon, file = kib("RssAnon:"), kib("RssFile:")
 td = load_token_data(validate(DataConfig, json.loads(sys.argv[1]), prefix="data"), int(sys.argv[2]))

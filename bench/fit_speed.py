@@ -33,8 +33,8 @@ from loopscale.fit import (
     restart_check,
     synthetic_runs,
 )
-from loopscale.fit._threads import single_thread_blas
-from loopscale.fit.analysis import bootstrap_cells
+from loopscale.fit.law.threads import single_thread_blas
+from loopscale.fit.parts import bootstrap_cells
 from startup import hardware
 
 REF_STARTS = 40

@@ -5,7 +5,7 @@
 For each grid (the `demo` preset's 35 planned runs; the paper's 116) and each true phi in {0.46, 1}:
 ``sims`` tables drawn from a law with cell-shared and per-run noise (``fit.design.simulate_table``,
 the noise model of `loopscale design`), each fitted with the joint law (100 starts) and the inference of
-``loopscale.fit.inference`` (wild-bootstrap tables: ``--draws``; `loopscale fit` uses 1000). Printed per
+``loopscale.fit.inference.profile`` (wild-bootstrap tables: ``--draws``; `loopscale fit` uses 1000). Printed per
 case: coverage of the true phi by the 95% profile interval, the rate at which the test rejects phi = 1
 (the verdict's "rules out phi = 1" also needs the phi = 1 law to predict held-out runs worse, so its rate
 is at most this), the rate of rejecting phi = 0, the mean and median interval width and the fit time per table; and,
@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 
 from loopscale.fit import JointLaw, LawData
-from loopscale.fit import inference as inf
-from loopscale.fit.bootstrap import cell_counts, percentile_ci, refit_batch
 from loopscale.fit.design import Noise, grid_cells, simulate_table
-from loopscale.fit.formula import PHI, params_to_theta
+from loopscale.fit.inference import profile as inf
+from loopscale.fit.inference.bootstrap import cell_counts, percentile_ci, refit_batch
+from loopscale.fit.law.formula import PHI, params_to_theta
 from loopscale.fit.paper import PAPER_COEFFICIENTS
 from startup import hardware
 
@@ -73,7 +73,7 @@ def _one(job: tuple[Any, dict[str, float], Noise, float, int, int, int, str, boo
     wall = time.perf_counter() - t
     ruled1 = False
     if p1 < 0.05:  # the verdict's rule: the phi = 1 law must also predict held-out runs worse
-        from loopscale.fit import checks
+        from loopscale.fit.inference import checks
         from loopscale.fit.table import as_runs
 
         r1 = JointLaw(restarts=100, delta=delta, seed=i, phi=1.0).fit(df, extra_starts=law.theta_[None])

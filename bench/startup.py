@@ -108,7 +108,7 @@ def main() -> None:
             start = f"{med(w - o for w, o in zip(walls, own, strict=True)):.2f}" if own else ""
             print(f"{name:<42} {med(walls):7.2f} {min(walls):5.2f} {max(walls):5.2f} {med(cpus):6.2f} "
                   f"{start:>9} {med(rss):8.0f}")
-    chain = ["loopscale.cli", "loopscale.fit", "pandas", "loopscale.fit.analysis"]
+    chain = ["loopscale.cli", "loopscale.fit", "pandas", "loopscale.fit.pipeline"]
     cum = import_times(chain)
     print("\nimport time of the fit command's chain (python -X importtime, cumulative, one run):")
     for m in chain:

@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from loopscale.config import validate
+from loopscale.config.data import DataConfig
 from loopscale.data import cache, packing, sources
-from loopscale.data.config import DataConfig
-from loopscale.data.packing import pack_rows, pack_texts, shuffle_order
+from loopscale.data.packing import pack_rows, shuffle_order
 from loopscale.data.tokenizer import ByteTokenizer
 from loopscale.errors import ConfigError
 from loopscale.train import batches
@@ -32,7 +32,7 @@ BOS = 50_000
 LOAD = r"""
 import json, sys
 from loopscale.config import validate
-from loopscale.data.config import DataConfig
+from loopscale.config.data import DataConfig
 from loopscale.train.batches import load_token_data
 td = load_token_data(validate(DataConfig, json.loads(sys.argv[1]), prefix="data"), int(sys.argv[2]))
 print(json.dumps({"built": td.built, "path": str(td.path), "fingerprint": td.fingerprint,
@@ -43,7 +43,7 @@ CRASH = r"""
 import json, os, signal, sys
 from loopscale.config import validate
 from loopscale.data import cache
-from loopscale.data.config import DataConfig
+from loopscale.config.data import DataConfig
 from loopscale.train.batches import load_token_data
 write, count = cache.RowWriter.write, [0]
 def write_then_die(self, row):
@@ -60,7 +60,7 @@ import json, sys
 def kib(key):
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(key))
 from loopscale.config import validate
-from loopscale.data.config import DataConfig
+from loopscale.config.data import DataConfig
 from loopscale.train.batches import load_token_data
 cfg = validate(DataConfig, json.loads(sys.argv[1]), prefix="data")
 before = kib("VmRSS:")
@@ -123,8 +123,9 @@ def in_memory(docs: list, seq_len: int, bos: int, cfg: DataConfig, encode=None):
         rows = pack_rows((d.tolist() for d in train), seq_len, bos, seed=cfg.seed, **opts)
         vrows = pack_rows((d.tolist() for d in val), seq_len, bos, seed=cfg.seed, shuffle=False, **opts)
     else:
-        rows = pack_texts(train, ByteTokenizer(), seq_len, seed=cfg.seed, **opts)
-        vrows = pack_texts(val, ByteTokenizer(), seq_len, seed=cfg.seed, shuffle=False, **opts)
+        tok = ByteTokenizer()
+        rows = pack_rows((tok.encode_bytes(d) for d in train), seq_len, tok.bos_id, seed=cfg.seed, **opts)
+        vrows = pack_rows((tok.encode_bytes(d) for d in val), seq_len, tok.bos_id, seed=cfg.seed, shuffle=False, **opts)
     return rows.numpy(), vrows.numpy(), h.hexdigest()
 
 

@@ -9,7 +9,7 @@ import pytest
 from loopscale.cli import app as _registered  # noqa: F401  (registers all commands)
 from loopscale.cli.app import run_app
 from loopscale.config import validate
-from loopscale.data.config import DataConfig
+from loopscale.config.data import DataConfig
 from loopscale.data.mixture import build_default
 from loopscale.errors import ConfigError
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from loopscale.config.data import DataConfig
 from loopscale.data import corpus
-from loopscale.data.config import DataConfig
 from loopscale.data.mixture import real_text
 from loopscale.errors import LoopscaleError
 

@@ -6,7 +6,7 @@ from functools import lru_cache
 
 import pytest
 
-from loopscale.data.config import DataConfig
+from loopscale.config.data import DataConfig
 from loopscale.data.mixture import REAL, DefaultData, build_default, interleave, unigram_entropy
 
 SMALL = DataConfig(real_text_bytes=150_000, world={"n_entities": 40, "n_unseen_entities": 20,

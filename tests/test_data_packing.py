@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from loopscale.config import validate
-from loopscale.data.config import DataConfig
-from loopscale.data.packing import pack_rows, pack_texts
+from loopscale.config.data import DataConfig
+from loopscale.data.packing import pack_rows
 from loopscale.data.tokenizer import ByteTokenizer, Tokenizer
 from loopscale.errors import ConfigError
 
@@ -139,9 +139,10 @@ def test_packing_is_deterministic_and_depends_only_on_the_seed_and_seq_len(packi
                        pack_rows(docs, 64, BOS, seed=4, shuffle=False, packing=packing))
 
 
-def test_pack_texts_uses_the_tokenizer() -> None:
-    rows = pack_texts(["hello world"] * 10, ByteTokenizer(), 23, shuffle=False)
-    assert ByteTokenizer().decode(rows[0].tolist()) == "hello worldhello world"
+def test_packed_rows_of_tokenized_text_decode_to_the_text() -> None:
+    tok = ByteTokenizer()
+    rows = pack_rows((tok.encode_bytes(t) for t in ["hello world"] * 10), 23, tok.bos_id, shuffle=False)
+    assert tok.decode(rows[0].tolist()) == "hello worldhello world"
 
 
 @pytest.mark.parametrize(("seq_len", "n_docs", "buffer", "seed"), [

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from loopscale.config import ModelConfig
-from loopscale.data.config import DataConfig
+from loopscale.config.data import DataConfig
 from loopscale.data.mixture import build_default
-from loopscale.data.packing import pack_texts
+from loopscale.data.packing import pack_rows
 from loopscale.data.tokenizer import ByteTokenizer
 from loopscale.data.world import CONTROL_TASKS, EvalItem
 
@@ -56,7 +56,7 @@ def test_a_tiny_model_trained_on_the_mixture_lowers_the_task_world_continuation_
     data = build_default(DataConfig(real_text_bytes=200_000,
                                     world={"n_entities": 40, "n_unseen_entities": 10, "eval_per_task": 16}))
     tok = ByteTokenizer()
-    rows = pack_texts(data.train_docs, tok, T, seed=0)
+    rows = pack_rows((tok.encode_bytes(d) for d in data.train_docs), T, tok.bos_id, seed=0)
     items = [it for it in data.eval_items if it.task not in CONTROL_TASKS]
     model = LoopedLM(ModelConfig(vocab_size=tok.vocab_size, d_model=64, head_dim=16, L_eff=4, n_prelude=1,
                                  n_coda=1, r=1, seq_len=T))

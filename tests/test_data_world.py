@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from loopscale.data.config import AXES, DataConfig
+from loopscale.config.data import AXES, DataConfig
 from loopscale.data.mixture import DefaultData, build_default
 from loopscale.data.world import CONTROL_TASKS, EVAL_QUESTIONS, TASKS, TRAIN_QUESTIONS, build_world
 

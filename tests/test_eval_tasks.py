@@ -10,7 +10,7 @@ import torch
 
 from conftest import TINY_DATA, TINY_MODEL
 from loopscale.config import ModelConfig, validate
-from loopscale.data.config import AXES, DataConfig
+from loopscale.config.data import AXES, DataConfig
 from loopscale.data.world import TASKS
 from loopscale.errors import ConfigError
 from loopscale.eval import REGISTRY, TaskScore, evaluate, resolve_tasks

@@ -18,18 +18,17 @@ from loopscale.fit import (
     NotFittedError,
     PhiState,
     clone,
-    formula,
     load_fit,
-    optima,
     read_fit,
-    variants,
 )
-from loopscale.fit.analysis import derived_from_params, law_from_fit
-from loopscale.fit.fitfile import write_fit
+from loopscale.fit import allocation as optima
+from loopscale.fit.fitfile import law_from_fit, write_fit
+from loopscale.fit.inference.verdict import phi_verdict, verdicts
+from loopscale.fit.law import formula, variants
+from loopscale.fit.law.structure import LoopTaxLaw
 from loopscale.fit.paper import PAPER_COEFFICIENTS
-from loopscale.fit.structure import LoopTaxLaw
+from loopscale.fit.parts import derived_from_params
 from loopscale.fit.synthetic import synthetic_runs
-from loopscale.fit.verdict import phi_verdict, verdicts
 
 #: a fit file written by loopscale before the typed result existed (tests/fixtures/fit/fit_v1.json).
 OLD_FIT = Path(__file__).parent / "fixtures" / "fit" / "fit_v1.json"

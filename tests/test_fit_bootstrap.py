@@ -16,7 +16,7 @@ from loopscale.fit import (
     restart_check,
     synthetic_runs,
 )
-from loopscale.fit.analysis import bootstrap_cells
+from loopscale.fit.parts import bootstrap_cells
 
 
 def test_resamples_keep_budget_r_cells_whole():

@@ -9,7 +9,7 @@ import pytest
 
 from loopscale.cli import run_app
 from loopscale.fit import FitSettings, fit_runs, synthetic_runs
-from loopscale.fit.compare import compare, p_value
+from loopscale.fit.inference.compare import compare, p_value
 
 QUICK = FitSettings(restarts=40, bootstrap=40, lr_draws=200, per_r=False, checks=False, restricted=(), law_variants=())
 

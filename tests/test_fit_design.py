@@ -11,7 +11,7 @@ import pytest
 from loopscale.cli import run_app
 from loopscale.fit import synthetic_runs
 from loopscale.fit.design import DesignSettings, Noise, estimate_noise, search, simulate, study_cost, variants
-from loopscale.fit.law import params_to_theta
+from loopscale.fit.law.joint import params_to_theta
 from loopscale.fit.paper import PAPER_COEFFICIENTS
 from loopscale.fit.synthetic import paper_grid_table
 
@@ -31,7 +31,7 @@ def test_simulate_reports_width_bias_coverage_power_and_bracketing(grid):
     assert 0 <= res.coverage <= 1 and res.reject_0 == 1.0
     assert set(res.bracketed) == {f"{c:.3g}|{r}" for c in (4.64e18, 1e19, 2.15e19) for r in (1, 2, 4, 8)}
     assert res.cost_flops == pytest.approx(study_cost(grid))
-    # the interval `fit` quotes (fit/inference.py), simulated as well: width, coverage, tests
+    # the interval `fit` quotes (fit/inference/profile.py), simulated as well: width, coverage, tests
     assert 0 < res.lr_ci_width_median <= res.lr_ci_width * 2 and 0 <= res.lr_coverage <= 1
     assert res.lr_reject_0 == 1.0 and 0 <= res.identified <= 1
 

@@ -13,12 +13,12 @@ from loopscale import accounting
 from loopscale.cli import run_app
 from loopscale.errors import ConfigError
 from loopscale.fit import FitSettings, JointLaw, LawData, fit_runs, load_runs, read_fit, synthetic_runs
-from loopscale.fit.bootstrap import refit_batch
-from loopscale.fit.checks import leave_one_r_out
-from loopscale.fit.law import Bounds, Screen, params_to_theta, predict_theta
-from loopscale.fit.optima import template_config
+from loopscale.fit.allocation import template_config
+from loopscale.fit.inference.bootstrap import refit_batch
+from loopscale.fit.inference.checks import leave_one_r_out
+from loopscale.fit.inference.verdict import data_rule, phi_verdict
+from loopscale.fit.law.joint import Bounds, Screen, params_to_theta, predict_theta
 from loopscale.fit.table import as_runs
-from loopscale.fit.verdict import data_rule, phi_verdict
 
 QUICK = FitSettings(restarts=40, bootstrap=10, lr_draws=200, per_r=False, checks=False, restricted=(), law_variants=())
 CPU_TEMPLATE = {"vocab_size": 257, "head_dim": 16, "L_eff": 12, "n_prelude": 2, "n_coda": 2, "seq_len": 128,
@@ -165,7 +165,7 @@ def test_large_tables_screen_starts_on_design_points_and_polish_on_every_run():
 
 
 def test_bootstrap_streams_in_chunks_with_the_same_result(monkeypatch):
-    from loopscale.fit import bootstrap
+    from loopscale.fit.inference import bootstrap
 
     df = synthetic_runs(0.46, seed=5)
     data = LawData.from_frame(df)

@@ -1,4 +1,4 @@
-"""The calibrated inference of fit/inference.py: the record's schema, intervals and tests that agree, Delta-phi,
+"""The calibrated inference of fit/inference/profile.py: the record's schema, intervals and tests that agree, Delta-phi,
 the verdict's whole-fit caveats and the wording rule ("rules out" only with a rejecting test *and* a worse
 held-out error). Coverage itself is measured by bench/inference_coverage.py (docs/fit.md), not here."""
 
@@ -11,11 +11,11 @@ import pandas as pd
 import pytest
 
 from loopscale.fit import FitSettings, JointLaw, LawData, fit_runs, load_runs
-from loopscale.fit import inference as inf
-from loopscale.fit.analysis import bootstrap_cells
-from loopscale.fit.formula import params_to_theta
-from loopscale.fit.formula import predict as predict_theta
-from loopscale.fit.verdict import claims, phi_verdict
+from loopscale.fit.inference import profile as inf
+from loopscale.fit.inference.verdict import claims, phi_verdict
+from loopscale.fit.law.formula import params_to_theta
+from loopscale.fit.law.formula import predict as predict_theta
+from loopscale.fit.parts import bootstrap_cells
 
 FIXTURES = Path(__file__).parent / "fixtures" / "fit"
 DEMO_RUNS = FIXTURES / "demo_runs.csv"  # `loopscale demo` on an AVX-512 EPYC (35 runs, 12 cells + controls)
@@ -60,7 +60,7 @@ def test_the_inference_record_has_the_documented_schema(one_fit: dict) -> None:
 
 
 def test_compare_carries_the_calibrated_test_of_the_references_value(one_fit: dict) -> None:
-    from loopscale.fit.compare import compare
+    from loopscale.fit.inference.compare import compare
 
     rec = one_fit["variants"]["baseline"]["inference"]
     row = next(r for r in compare(one_fit, "paper")["rows"] if r["quantity"] == "phi")
@@ -217,7 +217,7 @@ def test_a_large_table_runs_its_inference_on_design_points() -> None:
 
 def test_an_interval_next_to_a_failed_profile_point_ends_at_its_last_inside_point_not_nan() -> None:
     """A profile point that overflowed (inf) beside the interval made its end NaN (seen on a tiny sweep)."""
-    from loopscale.fit.inference import interval_from_stat
+    from loopscale.fit.inference.profile import interval_from_stat
 
     phi = np.array([0.0, 0.5, 1.0, 1.5])
     got = interval_from_stat(phi, np.array([np.inf, 1.0, 0.0, 5.0]), 2.0)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from loopscale.fit import PAPER_COEFFICIENTS, JointLaw, LawData, objective, synthetic_runs
-from loopscale.fit.law import Bounds, multistart, params_to_theta
+from loopscale.fit.law.joint import Bounds, multistart, params_to_theta
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +112,7 @@ def test_restarts_start_inside_the_papers_box():
 
 def test_importing_loopscale_fit_never_imports_torch():
     code = (
-        "import sys, loopscale.fit, loopscale.fit.analysis, loopscale.fit.plan; "
+        "import sys, loopscale.fit, loopscale.fit.pipeline, loopscale.fit.recommend; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -9,7 +9,7 @@ import pytest
 from loopscale import accounting, grids
 from loopscale.config import ModelConfig
 from loopscale.fit import PAPER_COEFFICIENTS, JointLaw, empirical_optima, law_frontier, width_polynomials
-from loopscale.fit.optima import empirical_exponents, frontier_draws, frontier_table
+from loopscale.fit.allocation import empirical_exponents, frontier_draws, frontier_table
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from loopscale.fit import JointLaw, LawData, cell_weights, percentile_ci, refit_batch, synthetic_runs
-from loopscale.fit.analysis import bootstrap_cells
 from loopscale.fit.paper import PAPER_R2
+from loopscale.fit.parts import bootstrap_cells
 
 SEEDS = (11, 12, 13)
 

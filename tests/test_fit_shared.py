@@ -1,4 +1,4 @@
-"""Δφ under the shared-law reading (fit/shared.py): one law for both recipes, differing only in φ, and the
+"""Δφ under the shared-law reading (fit/inference/shared.py): one law for both recipes, differing only in φ, and the
 held-out test of that assumption."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from loopscale.fit import shared
-from loopscale.fit.law import JointLaw
+from loopscale.fit.inference import shared
+from loopscale.fit.law.joint import JointLaw
 from test_fit_inference import _demo_like
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from loopscale.fit import FitSettings, JointLaw, fit_runs, synthetic_runs
-from loopscale.fit.structure import LoopTaxLaw
+from loopscale.fit.law.structure import LoopTaxLaw
 
 
 def taxed(kappa: float = 0.05, seed: int = 3):

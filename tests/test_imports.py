@@ -1,7 +1,9 @@
 """The package's import graph: no circle among loopscale's modules, and nothing below the CLI imports it.
 
 Read with ``ast`` from the sources (no import runs). Every import counts, the ones inside functions too
-(a lazy import is still a dependency); only ``if TYPE_CHECKING:`` blocks, which never run, are left out.
+(a lazy import is still a dependency), and so does a dict value that names a loopscale module exactly (a
+package's lazy ``__getattr__`` table); only ``if TYPE_CHECKING:`` blocks, which
+never run, are left out.
 """
 
 import ast
@@ -52,6 +54,9 @@ def import_graph() -> dict[str, set[str]]:
                     target = f"{base}.{alias.name}"
                     if target in mods or base in mods:
                         graph[mod].add(target if target in mods else base)
+            elif isinstance(node, ast.Dict):  # a lazy table {name: "loopscale.x"} (a package's __getattr__)
+                graph[mod].update(v.value for v in node.values
+                                  if isinstance(v, ast.Constant) and isinstance(v.value, str) and v.value in mods)
         graph[mod].discard(mod)
     return graph
 
@@ -94,9 +99,10 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_sees_plain_relative_and_lazy_imports() -> None:
     graph = import_graph()
     assert len(graph) > 50
-    assert "loopscale.sweep.store" in graph["loopscale.sweep.execute"]  # top-level ``from x import name``
+    assert "loopscale.sweep.store" in graph["loopscale.sweep.attempt"]  # top-level ``from x import name``
     assert "loopscale.train.loop" in graph["loopscale.train"]  # inside a function
     assert "loopscale.sweep.spec" not in graph["loopscale.sweep.local"]  # only under TYPE_CHECKING
+    assert "loopscale.fit.pipeline" in graph["loopscale.fit"]  # by name, in the package's lazy table
 
 
 def test_no_module_of_loopscale_imports_itself_in_a_circle() -> None:
@@ -109,6 +115,19 @@ def test_no_import_runs_up_into_the_cli() -> None:
                 if (target == "loopscale.cli" or target.startswith("loopscale.cli."))
                 and not (mod == "loopscale.cli" or mod.startswith("loopscale.cli.") or mod == "loopscale.__main__"))
     assert up == []
+
+
+def test_the_model_imports_nothing_above_it() -> None:
+    """The model owns its sizes (``loopscale.model.chunks``): ``loopscale.memory`` reads them, never the reverse;
+    no module of the model imports the memory model, the trainer or what runs sweeps and fits."""
+    above = ("loopscale.memory", "loopscale.train", "loopscale.sweep", "loopscale.fit", "loopscale.report",
+             "loopscale.eval", "loopscale.export")
+    graph = import_graph()
+    up = sorted(f"{mod} -> {target}" for mod, targets in graph.items() for target in targets
+                if (mod == "loopscale.model" or mod.startswith("loopscale.model."))
+                and any(target == a or target.startswith(a + ".") for a in above))
+    assert up == []
+    assert "loopscale.model.chunks" in graph["loopscale.memory"]
 
 
 def test_a_circle_or_an_upward_import_would_be_seen() -> None:

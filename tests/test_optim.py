@@ -12,6 +12,7 @@ from torch import nn
 
 from loopscale.accounting import reference_tokens
 from loopscale.config import validate
+from loopscale.config.optim import TOKENS_REF
 from loopscale.errors import ConfigError
 from loopscale.optim import (
     MuonH,
@@ -26,7 +27,6 @@ from loopscale.optim import (
     transfer_factors,
     wsd,
 )
-from loopscale.optim.config import TOKENS_REF
 from loopscale.optim.muonh import POLAR_EXPRESS_COEFFS
 
 PAPER_LRS = {"matrix": 0.014, "embed": 0.3, "head": 0.004, "norm": 0.005, "scalar": 0.01}

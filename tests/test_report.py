@@ -320,11 +320,11 @@ def test_phi_and_its_ci_print_the_same_in_fit_and_in_the_report(report, capsys):
     """`loopscale fit` (its table and verdict line) and the report (coefficients and Δφ tables, headline)
     quote φ through ``loopscale.numbers``: the same digits, the same CI, the same dash."""
     from loopscale.cli.fit import _print_fit, _print_verdicts
-    from loopscale.fit import read_fit
+    from loopscale.fit import load_fit
     from loopscale.numbers import phi, phi_ci, phi_interval
 
     out, _ = report
-    doc = read_fit(out.parent / "fit.json")
+    doc = load_fit(out.parent / "fit.json")
     _print_fit(doc, markdown=True)
     _print_verdicts(doc)
     printed = capsys.readouterr().out

@@ -50,7 +50,7 @@ def test_sweep_workers_train_inside_the_worker_handler(tmp_path: Path, monkeypat
     ``worker_process``: the handler that keeps a repeated SIGTERM from killing them mid-books."""
     import io
 
-    import loopscale.sweep.execute as execute
+    import loopscale.sweep.attempt as attempt
     import loopscale.sweep.store as store
     from loopscale.cli import run_app
     from loopscale.sweep import slot_worker
@@ -61,7 +61,7 @@ def test_sweep_workers_train_inside_the_worker_handler(tmp_path: Path, monkeypat
         seen.append(getattr(signal.getsignal(signal.SIGTERM), "__self__", None))
         return "done"
 
-    monkeypatch.setattr(execute, "execute_run", fake_execute_run)
+    monkeypatch.setattr(attempt, "execute_run", fake_execute_run)
     monkeypatch.setattr(store, "open_store", store.SweepStore)  # no planned sweep needed
     assert run_app(["sweep", "run-one", str(tmp_path / "sw"), "r1"]) == 0
     monkeypatch.setattr(sys, "stdin", io.StringIO("r2\n"))

@@ -10,8 +10,8 @@ import pytest
 
 from conftest import TINY_MODEL
 from loopscale.config import validate
+from loopscale.config.data import DataConfig
 from loopscale.data import sources
-from loopscale.data.config import DataConfig
 from loopscale.errors import ConfigError
 from loopscale.train import load_train_config, train
 from loopscale.train.batches import load_token_data

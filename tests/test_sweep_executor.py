@@ -11,7 +11,7 @@ from loopscale.config import StrictModel
 from loopscale.errors import ConfigError
 from loopscale.sweep import executor as executors
 from loopscale.sweep import spec_from_dict
-from loopscale.sweep.execute import execute_run, runnable
+from loopscale.sweep.attempt import execute_run, runnable
 from loopscale.sweep.executor import Executor, SweepJob
 from loopscale.sweep.store import SweepStore
 

@@ -15,7 +15,7 @@ import submitit
 
 from conftest import OK_RESULT, tiny_sweep_spec
 from loopscale.sweep import prepare, spec_from_dict
-from loopscale.sweep.execute import runnable
+from loopscale.sweep.attempt import runnable
 from loopscale.sweep.slurm import SlurmSettings, SweepTask, make_executor, submit
 from loopscale.sweep.store import SweepStore
 
@@ -169,7 +169,7 @@ def test_task_pickles_with_its_failure_plan() -> None:
 
 
 def test_rank_0_records_one_failure_naming_each_rank_that_failed_first_one_first() -> None:
-    from loopscale.sweep.execute import _combine, _Ending
+    from loopscale.sweep.attempt import _combine, _Ending
 
     own = _Ending("failed", error="RuntimeError: peer closed", traceback="tb0", ended=20.0)
     same = {1: {**own.message(), "error": "RuntimeError: peer closed"}}

@@ -274,7 +274,7 @@ def test_debug_slurm_executor_gives_the_same_results_as_the_local_one(finished, 
 
 
 def test_a_live_lock_keeps_a_run_busy_and_a_dead_ones_lock_is_taken_over(tmp_path: Path) -> None:
-    from loopscale.sweep.execute import execute_run
+    from loopscale.sweep.attempt import execute_run
 
     spec = spec_from_dict(tiny_spec(budgets=[4e9], r=[1], widths={"4e9": [32]}))
     store = prepare(spec, tmp_path / "sw")

@@ -12,8 +12,8 @@ import pytest
 import submitit
 
 from conftest import OK_RESULT, tiny_sweep_spec
-from loopscale.sweep import prepare, spec_from_dict
-from loopscale.sweep.slurm import SlurmSettings, SweepTask, resources, settings_from_spec, submit
+from loopscale.sweep import executor, prepare, spec_from_dict
+from loopscale.sweep.slurm import SlurmSettings, SweepTask, resources, submit
 from loopscale.sweep.store import SweepStore
 
 
@@ -155,10 +155,11 @@ def test_fake_sbatch_gets_one_throttled_array_per_resource_group_and_only_unfini
 def test_slurm_settings_come_from_the_spec_and_bad_ones_name_the_field() -> None:
     from loopscale.errors import ConfigError
 
-    s = settings_from_spec(tiny_spec()["slurm"], "spec.toml")
-    assert s.partition == "gpu" and s.array_parallelism == 3
+    slurm = executor.get("slurm")  # what `sweep run --executor slurm` validates the spec's [slurm] table with
+    s = slurm.settings(tiny_spec()["slurm"], "spec.toml")
+    assert isinstance(s, SlurmSettings) and s.partition == "gpu" and s.array_parallelism == 3
     with pytest.raises(ConfigError, match=r"spec\.toml: slurm\.gpus_per_node: unknown key"):
-        settings_from_spec({"gpus_per_node": 2}, "spec.toml")
+        slurm.settings({"gpus_per_node": 2}, "spec.toml")
 
 
 def test_checkpoint_of_an_array_task_resubmits_the_same_run() -> None:

@@ -39,8 +39,8 @@ def run_demo(out: str | Path = "demo", *, preset: str = "demo", bootstrap: int |
     """
     from loopscale.errors import ConfigError
     from loopscale.eval.runs import evaluate_path
-    from loopscale.fit import FitSettings, fit_runs, load_runs, write_fit
-    from loopscale.fit.table import template_from_table
+    from loopscale.fit import fit_runs, prepare_fit, write_fit
+    from loopscale.fit.prepare import CONTROLS_FROM_SPEC
     from loopscale.io import atomic_write_json
     from loopscale.report import make_report
     from loopscale.report.context import ReportContext
@@ -68,17 +68,12 @@ def run_demo(out: str | Path = "demo", *, preset: str = "demo", bootstrap: int |
               highlight=False, markup=False)
 
     con.rule(_rich("[bold]2/4 fit[/]"))
-    defaults = FitSettings()
-    table = load_runs(runs_csv)
-    for control in [name for name, v in spec.variants.items() if v.r == [1]]:  # e.g. loop-of-one r = 1 runs
-        if (table.df["variant"] == control).any():
-            table = table.with_r1_control(control)
-    settings = FitSettings(loss=spec.fit.loss, delta=spec.fit.delta,
-                           bootstrap=bootstrap if bootstrap is not None else defaults.bootstrap,
-                           restarts=restarts if restarts is not None else defaults.restarts,
-                           lr_draws=lr_draws if lr_draws is not None else defaults.lr_draws,
-                           template=template_from_table(table.df))
-    fit = fit_runs(table, settings, progress=lambda m: con.print(f"  {m}", highlight=False, markup=False))
+    # the sweep's own spec ([fit] table, its loop-of-one controls); None: the fit's defaults
+    given = {"bootstrap": bootstrap, "restarts": restarts, "lr_draws": lr_draws}
+    options: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+    prepared = prepare_fit(runs_csv, spec=out / "sweep", r1_from=CONTROLS_FROM_SPEC, **options)
+    table = prepared.table
+    fit = fit_runs(table, prepared.settings, progress=lambda m: con.print(f"  {m}", highlight=False, markup=False))
     fit_path = write_fit(out / "fit.json", fit)
 
     con.rule(_rich("[bold]3/4 five-axis evaluation[/] (compute-optimal run per budget and r)"))
@@ -86,7 +81,7 @@ def run_demo(out: str | Path = "demo", *, preset: str = "demo", bootstrap: int |
         rs = ", ".join(map(str, test_time_r))
         con.print(f"  test-time recurrence: the top budget's looped runs also at r = {rs}", highlight=False,
                   markup=False)
-    reference = str(fit.get("reference_variant") or next(iter(fit["variants"])))
+    reference = fit.reference
     test_time = _test_time_runs(table.df, reference) if test_time_r else _never
     ev = evaluate_path(out / "sweep", "world", out_dir=out, limit=eval_limit, r_values=test_time_r,
                        r_values_where=test_time,
@@ -147,13 +142,12 @@ def _sweep(spec: Any, store: Any, *, progress: bool, console: Console, slots: in
             raise DemoBusy(busy_message(store, summary.outcomes["busy"]))
 
 
-def _headline(fit: dict[str, Any], runs: Any, ev: dict[str, Any], index: Path, wall: float) -> dict[str, Any]:
-    """The numbers the demo prints: phi [CI] and its verdict, R2 vs restricted fits, delta phi, gaps, axes."""
-    from loopscale.data.config import AXES
-    from loopscale.fit.result import FitResult
-    from loopscale.fit.verdict import verdicts
+def _headline(res: Any, runs: Any, ev: dict[str, Any], index: Path, wall: float) -> dict[str, Any]:
+    """The numbers the demo prints (``res``: the FitResult): phi [CI] and its verdict, R2 vs restricted fits,
+    delta phi, gaps, axes."""
+    from loopscale.config.data import AXES
+    from loopscale.fit.inference.verdict import verdicts
 
-    res = FitResult.of(fit)
     ref = res.reference
     v = res.variant(ref)
     verdict = verdicts(res)[ref]
@@ -192,7 +186,7 @@ def _headline(fit: dict[str, Any], runs: Any, ev: dict[str, Any], index: Path, w
     }
 
 
-def _brief(inference: dict[str, Any] | None) -> dict[str, Any] | None:
+def _brief(inference: Any) -> dict[str, Any] | None:
     """The fit file's inference record without the profile's grid and the null draws (the numbers every
     sentence uses)."""
     if inference is None:

@@ -126,7 +126,7 @@ def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """Read a JSONL file, skipping a torn last line left by a crash."""
-    out = []
+    out: list[dict[str, Any]] = []
     p = Path(path)
     if not p.exists():
         return out

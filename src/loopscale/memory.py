@@ -57,7 +57,7 @@ r recurrences; truncated BPTT ``n_prelude + k n_recur + n_coda`` and k (the rest
 **L_bwd** (per token): the last block's squared-ReLU backward (its gradient 2hg in place, m a d); on the plain loss path
 log-softmax's incoming and outgoing fp32 gradients (8V) where larger. The fused loss's temporaries
 come per micro-batch on top: while the forward computes it, one chunk's fp32 logits and softmax (``c``
-rows of ``LOSS_CHUNK_BYTES`` at most, (8 + 2) V bytes per row under autocast), the head's cast and its
+rows of ``model.chunks.LOSS_CHUNK_BYTES`` at most, (8 + 2) V bytes per row under autocast), the head's cast and its
 gradient's matmul output; at backward's start its two scaled gradients (4d per token, 4Vd).
 **W_fwd** (per micro-batch): the concatenated q/k/v weight per block application (3d^2 a) and, under
 autocast, the cached bf16 casts of the other weights and RoPE's tables cast per application; with the
@@ -87,28 +87,14 @@ from typing import TYPE_CHECKING, Any
 
 from loopscale import accounting
 from loopscale.config import ModelConfig
+from loopscale.model.chunks import chunk_rows, mlp_chunk_rows  # the model's chunk sizes
 
 if TYPE_CHECKING:
-    from loopscale.train.config import TrainConfig
+    from loopscale.config.train import TrainConfig
 
 MARGIN_FRACTION = 0.10  # of a GPU: allocator fragmentation, cuBLAS and attention workspaces
 MARGIN_BYTES = 2**30  # the CUDA context and NCCL buffers, outside torch's allocator
 CPU_FRACTION = 0.5  # of a host's physical memory: it also holds the token data and other runs
-LOSS_CHUNK_BYTES = 2**28  # fp32 logits of one chunk of the fused loss (and their softmax): 256 MiB each
-
-
-MLP_CHUNK_BYTES = 2**20  # one row chunk's fp32 hidden activation in model/fused.py's MLP (cache-sized)
-
-
-def chunk_rows(vocab: int, rows: int) -> int:
-    """Rows per chunk of the fused loss: all of them when the logits are small (CPU vocabularies)."""
-    return max(1, min(rows, LOSS_CHUNK_BYTES // (4 * vocab)))
-
-
-def mlp_chunk_rows(hidden: int) -> int:
-    """Rows per chunk of model/fused.py's MLP: its [rows, hidden] fp32 activation ~``MLP_CHUNK_BYTES``, so
-    that it stays in cache while the square, the second matmul and their gradients read it."""
-    return max(64, MLP_CHUNK_BYTES // (4 * hidden))
 
 
 # ---- where the step runs -----------------------------------------------------------------
@@ -240,7 +226,7 @@ def backward_transient_bytes(cfg: ModelConfig, rg: Regime, tokens: int = 1) -> f
     vocabularies) log-softmax's two fp32 gradients. model/fused.py's MLP instead peaks with its input's
     gradient (a d per token), proj's weight gradient and one chunk's two [rows, m d] gradients."""
     d, m = cfg.width, cfg.mlp_ratio
-    block = m * rg.a * d  # the squared ReLU's gradient, 2 h g, computed in place (model/layers.py)
+    block: float = m * rg.a * d  # the squared ReLU's gradient, 2 h g, computed in place (model/layers.py)
     if rg.fused_cpu:
         chunk = min(mlp_chunk_rows(m * d), tokens)
         block = rg.a * d + (2 * chunk * m * d * rg.a + m * d * d * 4) / tokens
@@ -479,11 +465,11 @@ def micro_batches(cfg: TrainConfig, *, device: str, limit: float | None, world: 
     if run.micro_batch != "auto" or limit is None:
         k = per if run.micro_batch in (None, "auto") else min(int(run.micro_batch), per)
         return MicroBatches(per, k, k, tp(k).total, vp(k).total, limit)
-    k = largest_fitting(per, limit, tp)
-    if k is None:
+    fits = largest_fitting(per, limit, tp)
+    if fits is None:
         return MicroBatches(per, None, None, tp(1).total, vp(1).total, limit)
-    v = largest_fitting(per, limit, vp, at_least=k) or k
-    return MicroBatches(per, k, v, tp(k).total, vp(v).total, limit)
+    v = largest_fitting(per, limit, vp, at_least=fits) or fits
+    return MicroBatches(per, fits, v, tp(fits).total, vp(v).total, limit)
 
 
 def max_rows(cfg: TrainConfig, *, device: str, limit: float, most: int) -> int:

@@ -19,7 +19,7 @@ app.add_typer(data_app, name="data")
 
 
 def _load(config: Path | None, set_: list[str]):
-    from loopscale.data.config import DataConfig
+    from loopscale.config.data import DataConfig
 
     data: dict = {"data": {}}
     if config is not None:

@@ -70,7 +70,7 @@ def _noise(sigma: float | None, cell_sigma: float | None, noise_from: list[Path]
     The runs are read as the design reads its grid: baseline runs, against ``r1_from``'s r = 1 runs if given."""
     from loopscale.fit import load_runs
     from loopscale.fit.design import Noise, estimate_noise
-    from loopscale.fit.formula import params_to_theta
+    from loopscale.fit.law.formula import params_to_theta
 
     def residual_noise(paths: Any) -> Any:
         t = load_runs(paths)
@@ -156,7 +156,8 @@ def design(
     with err_console.status("simulating") as status:
         res = simulate(grid, law, noise, settings,
                        progress=lambda d, n: status.update(f"simulated study {d}/{n}"))
-        rows, best = ([], None)
+        rows: list[Any] = []
+        best: Any = None
         if search_ or target is not None:
             rows, best = search(grid, law, noise, settings, target=target, sims=search_sims,
                                 progress=lambda msg: status.update(msg))
@@ -207,7 +208,8 @@ def _print(sp: Any, grid: Any, res: Any, rows: list[Any], best: Any, target: flo
     t.add_row("P(percentile CI excludes φ = 0)", _pct(res.reject_0), "")
     t.add_row("P(percentile CI excludes φ = 1)", _pct(res.reject_1), "")
     t.add_row("P(φ̂ at its box)", _pct(res.at_bound), "")
-    t.add_row("P(verdict: resolved)", _pct(res.identified), "interval ≤ 0.5 wide, off the box (fit/verdict.py)")
+    t.add_row("P(verdict: resolved)", _pct(res.identified),
+              "interval ≤ 0.5 wide, off the box (fit/inference/verdict.py)")
     console.print(t)
     if res.bracketed:
         rs = sorted({int(k.split("|")[1]) for k in res.bracketed})
@@ -222,8 +224,8 @@ def _print(sp: Any, grid: Any, res: Any, rows: list[Any], best: Any, target: flo
     if rows:
         s = Table(title=f"grid variants, cheapest first (φ width: sampling spread of φ̂ over {search_sims} "
                   "simulations each, no bootstrap)", box=box.SIMPLE_HEAVY)
-        for c in ("variant", "runs", "FLOPs", "cost", "φ width", "bias", "P(at box)"):
-            s.add_column(c, justify="right")
+        for col in ("variant", "runs", "FLOPs", "cost", "φ width", "bias", "P(at box)"):
+            s.add_column(col, justify="right")
         for row in rows:
             mark = " ←" if best is not None and row.name == best.name else ""
             s.add_row(escape(row.name) + mark, str(row.n_runs), f"{row.cost_flops:.3g}", f"{row.relative_cost:.2f}×",

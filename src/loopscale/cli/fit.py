@@ -1,6 +1,7 @@
 """`loopscale fit` and `loopscale plan`: the joint law from a runs table, and what it recommends.
 
-Heavy imports (scipy, pandas, loopscale.fit) stay inside the command functions.
+Heavy imports (scipy, pandas, the fitter) stay inside the command functions; ``loopscale.fit.settings``, which
+holds the defaults the options show, imports neither.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich import box
@@ -17,34 +18,16 @@ from rich.table import Table
 
 from loopscale import grids
 from loopscale.cli.app import app, console, err_console
+from loopscale.fit.settings import FitSettings
 from loopscale.numbers import MISSING, PHI_DIGITS, count, flops, interval, num, phi_ci, phi_interval, signed
 from loopscale.numbers import phi as phi_txt
 
-
-def _template(base: dict[str, Any], overrides: list[str], source: str) -> dict[str, Any]:
-    """The architecture template (a [model] table without width and r), with --set overrides."""
-    from loopscale.config import ModelConfig, apply_overrides, validate
-
-    data = apply_overrides({"model": dict(base)}, overrides)
-    model = {k: v for k, v in data["model"].items() if k not in ("s", "d_model", "r")}
-    head = int(model.get("head_dim", 128))
-    validate(ModelConfig, {**model, "d_model": head, "r": 1}, source=source, prefix="model")
-    return model
+if TYPE_CHECKING:
+    from loopscale.fit.result import FitResult
 
 
-def _select_r(table: Any, only_r: list[int], source: str) -> Any:
-    """The table restricted to the given r values (phi needs at least two of them)."""
-    import dataclasses
-
-    from loopscale.errors import ConfigError
-
-    present = sorted(int(r) for r in table.df["r"].unique())
-    missing = sorted(set(only_r) - set(present))
-    if missing:
-        raise ConfigError("--r", f"no runs with r = {missing} in {source}; the table has r = {present}", value=only_r)
-    if len(set(only_r)) < 2:
-        raise ConfigError("--r", "phi needs runs at two or more values of r", value=only_r)
-    return dataclasses.replace(table, df=table.df[table.df["r"].isin(only_r)].reset_index(drop=True))
+#: the fit's defaults (each written once, in ``fit.settings``), shown by --help.
+DEFAULTS = FitSettings(template={}, law_variants=())
 
 
 @app.command()
@@ -53,11 +36,11 @@ def fit(
                                       "several are fitted as one (e.g. one sweep per seed)."),
     seed_means: bool = typer.Option(False, "--seed-means", help="Fit the mean loss of each design point over its "
                                     "seeds, not every run as a point."),
-    bootstrap: int = typer.Option(200, "--bootstrap", "-b", help="Block-bootstrap resamples for the secondary "
-                                  "percentile intervals (0: off)."),
-    lr_draws: int = typer.Option(2000, "--lr-draws", help="Wild-bootstrap tables calibrating φ's and Δφ's "
+    bootstrap: int = typer.Option(DEFAULTS.bootstrap, "--bootstrap", "-b", help="Block-bootstrap resamples for the "
+                                  "secondary percentile intervals (0: off)."),
+    lr_draws: int = typer.Option(DEFAULTS.lr_draws, "--lr-draws", help="Wild-bootstrap tables calibrating φ's and Δφ's "
                                  "profile-likelihood intervals and tests (0: off; docs/fit.md, 'Inference')."),
-    restarts: int = typer.Option(500, "--restarts", help="Random starts in the paper's box."),
+    restarts: int = typer.Option(DEFAULTS.restarts, "--restarts", help="Random starts in the paper's box."),
     variant: list[str] = typer.Option([], "--variant", "-v", help="Variant(s) to fit (default: all)."),
     r1_from: str | None = typer.Option(None, "--r1-from", help="Also fit each variant V as V@CONTROL, against "
                                        "this variant's r = 1 runs (loop-of-one controls, model.r1_looped)."),
@@ -69,8 +52,8 @@ def fit(
         "Objective: huber (the paper's) or mse (default: the sweep's [fit] table, else huber).")),
     delta: float | None = typer.Option(None, "--delta", help=escape(
         "Huber delta (summed Huber in log space; default: the sweep's [fit] table, else 1e-3).")),
-    phi_min: float = typer.Option(-3.0, "--phi-min", help="Lower bound of phi."),
-    phi_max: float = typer.Option(3.0, "--phi-max", help="Upper bound of phi."),
+    phi_min: float = typer.Option(DEFAULTS.phi_bounds[0], "--phi-min", help="Lower bound of phi."),
+    phi_max: float = typer.Option(DEFAULTS.phi_bounds[1], "--phi-max", help="Upper bound of phi."),
     fix_phi: float | None = typer.Option(None, "--fix-phi", help="Fit with phi fixed to this value."),
     restricted: bool = typer.Option(True, "--restricted/--no-restricted", help="Also fit phi = 0 and phi = 1."),
     per_r: bool = typer.Option(True, "--per-r/--no-per-r", help="Also fit Chinchilla's law per r."),
@@ -79,67 +62,41 @@ def fit(
     compare: str | None = typer.Option(None, "--compare", help="Test phi, alpha, beta against 'paper' or a "
                                        "fit file (bootstrap p-value and interval of the difference)."),
     checks: bool = typer.Option(True, "--checks/--no-checks", help="Extrapolation, leave-one-r-out, half split."),
-    ci: float = typer.Option(0.95, "--ci", help="Confidence level of the percentile CIs."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the random starts and resamples."),
+    ci: float = typer.Option(DEFAULTS.ci_level, "--ci", help="Confidence level of the percentile CIs."),
+    seed: int = typer.Option(DEFAULTS.seed, "--seed", help="Seed of the random starts and resamples."),
     set_: list[str] = typer.Option([], "--set", help="Template override for the frontier, e.g. model.head_dim=64"),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     markdown: bool = typer.Option(False, "--markdown", help="Print Markdown tables (paste into a paper/issue)."),
 ) -> None:
     """Fit L = E + A (N_once + r^phi N_rec)^-alpha + B D^-beta; print phi [CI] and write the fit file."""
-    from loopscale.fit import FitSettings, fit_runs, load_runs, write_fit
-    from loopscale.fit.variants import REGISTRY as LAW_VARIANTS
+    from loopscale.fit import fit_runs, prepare_fit, write_fit
 
-    table = load_runs(runs)
-    spec_fit, spec_path = _spec_fit_table(runs[0])
-    if spec_fit and (loss is None or delta is None):
-        used = {k: v for k, v in spec_fit.items() if (k == "loss" and loss is None) or (k == "delta" and delta is None)}
-        if used:
-            err_console.print(f"using [fit] {', '.join(f'{k} = {v}' for k, v in used.items())} from {spec_path}",
-                              highlight=False, markup=False)
-    loss = loss if loss is not None else str(spec_fit.get("loss", "huber"))
-    delta = delta if delta is not None else float(spec_fit.get("delta", 1e-3))
-    if seed_means:
-        table = table.seed_means()
-    elif len(table.df) > BIG_TABLE:
+    law_switch: dict[str, Any] = {} if law_variants else {"law_variants": ()}
+    prepared = prepare_fit(
+        runs, seed_means=seed_means, r1_from=r1_from, only_r=only_r, template_overrides=set_,
+        loss=loss, delta=delta, phi_bounds=(phi_min, phi_max), fixed_phi=fix_phi, restarts=restarts,
+        bootstrap=bootstrap, lr_draws=lr_draws, ci_level=ci, seed=seed,
+        restricted=DEFAULTS.restricted if restricted else (), per_r=per_r, checks=checks,
+        variants=list(variant) or None, reference_variant=reference,
+        **law_switch,
+    )
+    for note in prepared.notes:
+        err_console.print(note, highlight=False, markup=False)
+    table, settings = prepared.table, prepared.settings
+    if not seed_means and len(table.df) > BIG_TABLE:
         _hint_seed_means(table, bootstrap)
-    if r1_from:
-        table = table.with_r1_control(r1_from)
-    if only_r:
-        table = _select_r(table, only_r, table.source)
     if table.n_excluded:
         err_console.print(
             f"excluded {table.n_excluded} run(s) that did not finish: "
             + ", ".join(f"{k} x{n}" for k, n in sorted(table.excluded.items()))
         )
-    from loopscale.fit.table import template_from_table
-
-    template = _template(template_from_table(table.df), set_, source="--set")
-    settings = FitSettings(
-        loss=loss,
-        delta=delta,
-        phi_bounds=(phi_min, phi_max),
-        fixed_phi=fix_phi,
-        restarts=restarts,
-        bootstrap=bootstrap,
-        lr_draws=lr_draws,
-        ci_level=ci,
-        seed=seed,
-        restricted=(0.0, 1.0) if restricted else (),
-        per_r=per_r,
-        checks=checks,
-        variants=list(variant) or None,
-        reference_variant=reference,
-        reference_r=min(only_r) if only_r and 1 not in only_r else None,
-        law_variants=tuple(LAW_VARIANTS) if law_variants else (),
-        template=template,
-    )
     reference_doc = _reference(compare)
     with err_console.status("fitting") as status:
         result = fit_runs(table, settings, progress=lambda msg: status.update(escape(msg)))  # spinners parse markup
     if reference_doc is not None:
-        from loopscale.fit.compare import compare as compare_fits
+        from loopscale.fit.inference.compare import compare as compare_fits
 
-        result["compare"] = compare_fits(result, reference_doc, seed=seed)
+        result.compare = compare_fits(result, reference_doc, seed=seed)
     path = out or ((runs[0] if runs[0].is_dir() else runs[0].parent) / "fit.json")
     write_fit(path, result)
     if as_json:
@@ -147,35 +104,19 @@ def fit(
     else:
         _print_fit(result, markdown)
         _print_verdicts(result)
-        if result.get("compare"):
-            _print_compare(result["compare"], box.MARKDOWN if markdown else box.SIMPLE_HEAVY)
-    for w in result["warnings"]:
+        if result.compare:
+            _print_compare(result.compare, box.MARKDOWN if markdown else box.SIMPLE_HEAVY)
+    for w in result.warnings:
         loud = "NOT identifiable" in w or "POORLY" in w or "did not converge" in w
         err_console.print(
             f"[bold {'red' if loud else 'yellow'}]warning:[/] {escape(w)}", markup=True, highlight=False,
             soft_wrap=True
         )
-    err_console.print(f"fit file: {path}  ({result['wall_s']:.1f} s)")
+    err_console.print(f"fit file: {path}  ({result.wall_s:.1f} s)")
 
 
 #: above this many runs `fit` says how long it will take and suggests --seed-means.
 BIG_TABLE = 2000
-
-
-def _spec_fit_table(path: Path) -> tuple[dict[str, Any], str]:
-    """The ``[fit]`` table of the sweep a runs table belongs to (a sweep dir, or runs.csv inside one)."""
-    import tomllib
-
-    folder = path if path.is_dir() else path.parent
-    spec = folder / "spec.toml"
-    if not spec.is_file():
-        return {}, ""
-    try:
-        data = tomllib.loads(spec.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError):
-        return {}, ""
-    table = data.get("fit") if isinstance(data.get("fit"), dict) else {}
-    return {k: table[k] for k in ("loss", "delta") if k in table}, str(spec)
 
 
 def _hint_seed_means(table: Any, bootstrap: int) -> None:
@@ -198,10 +139,10 @@ def _reference(compare: str | None) -> Any:
     return read_fit(Path(compare))
 
 
-def _verdicts(result: Any) -> dict[str, Any]:
-    from loopscale.fit.verdict import verdicts
+def _verdicts(res: FitResult) -> dict[str, Any]:
+    from loopscale.fit.inference.verdict import verdicts
 
-    return verdicts(result)
+    return verdicts(res)
 
 
 def _phi_line(v: Any) -> str:
@@ -209,7 +150,7 @@ def _phi_line(v: Any) -> str:
     return ("φ " if v.phi is None else f"φ = {phi_ci(v.phi, v.ci)}, ") + v.sentence
 
 
-def _print_verdicts(result: dict[str, Any]) -> None:
+def _print_verdicts(result: FitResult) -> None:
     """The same verdict the report shows: "resolved" or "not resolved, because ..."."""
     for name, v in _verdicts(result).items():
         colour = "green" if v.resolved else "bold red"
@@ -240,13 +181,11 @@ def _print_compare(cmp: dict[str, Any], style: box.Box) -> None:
     console.print(t)
 
 
-def _summary(result: dict[str, Any]) -> dict[str, Any]:
+def _summary(res: FitResult) -> dict[str, Any]:
     from loopscale.fit.fitfile import json_ready
-    from loopscale.fit.formula import COEFFICIENTS
-    from loopscale.fit.result import FitResult
-    from loopscale.fit.verdict import phi_verdict
+    from loopscale.fit.inference.verdict import phi_verdict
+    from loopscale.fit.law.formula import COEFFICIENTS
 
-    res = FitResult.of(result)
     out: dict[str, Any] = {"source": res.source["path"], "variants": {}, "delta_phi": []}
     for name, v in res.variants.items():
         cis = v.bootstrap.ci
@@ -257,7 +196,7 @@ def _summary(result: dict[str, Any]) -> dict[str, Any]:
             "rmse": v.metrics.rmse,
             "rmse_per_r": v.metrics.rmse_per_r,
             "restricted_r2": {k: x["r2"] for k, x in v.restricted.items()},
-            "held_out": {"free": (v.checks or {}).get("held_out"),
+            "held_out": {"free": v.checks.held_out if v.checks else None,
                          **{k: x.get("held_out") for k, x in v.restricted.items()}},
             "converged": v.law.converged,
             "at_bounds": v.law.at_bounds,
@@ -266,21 +205,19 @@ def _summary(result: dict[str, Any]) -> dict[str, Any]:
                              for k, x in v.law_variants.items()},
         }
         out["variants"][name]["held_out"].update({k: x.get("held_out") for k, x in v.law_variants.items()})
-    for d in result["delta_phi"]:
+    for d in res.delta_phi:
         out["delta_phi"].append({k: d[k] for k in ("reference", "variant", "delta_phi", "ci", "fraction_above_zero")})
-    if result.get("compare"):
-        out["compare"] = result["compare"]
-    out["warnings"] = result["warnings"]
+    if res.compare:
+        out["compare"] = res.compare
+    out["warnings"] = res.warnings
     return json_ready(out)
 
 
-def _print_fit(result: dict[str, Any], markdown: bool) -> None:
+def _print_fit(res: FitResult, markdown: bool) -> None:
     style = box.MARKDOWN if markdown else box.SIMPLE_HEAVY
-    from loopscale.fit.formula import PhiState
-    from loopscale.fit.result import FitResult
+    from loopscale.fit.law.formula import PhiState
 
-    res = FitResult.of(result)
-    level = f"{100 * result['settings']['ci_level']:.0f}% CI"
+    level = f"{100 * res.ci_level:.0f}% CI"
     for name, rec in res.variants.items():
         p, cis = rec.params, rec.bootstrap.ci
         t = Table(title=f"joint law - {name} ({rec.n_runs} runs, r = {', '.join(map(str, rec.rs))})", box=style)
@@ -291,7 +228,7 @@ def _print_fit(result: dict[str, Any], markdown: bool) -> None:
         phi_cell = "undetermined (no r > 1 runs)" if state is PhiState.UNDETERMINED else phi_txt(p.phi)
         if state is PhiState.FIXED:
             phi_cell += " (fixed)"
-        prof = ((rec.inference or {}).get("phi") or {}).get("ci")
+        prof = ((rec.inference.phi if rec.inference else None) or {}).get("ci")
         if prof is not None:  # the calibrated interval first; the block bootstrap's below it (secondary)
             t.add_row("phi", phi_cell, phi_interval(prof) + " (profile)")
             t.add_row("", "", phi_interval(cis.get("phi")) + " (block bootstrap)")
@@ -307,7 +244,7 @@ def _print_fit(result: dict[str, Any], markdown: bool) -> None:
         for key, lv in rec.law_variants.items():
             factor = "" if lv.get("kappa") is None else f", looped-loss factor 1{lv['kappa']:+.3f}"
             t.add_row(f"R^2 {key}", num(lv["r2"]), f"RMSE {lv['rmse']:.4f}; phi {phi_txt(lv['phi'])}{factor}")
-        for label, ho in (("free", (rec.checks or {}).get("held_out")),
+        for label, ho in (("free", rec.checks.held_out if rec.checks else None),
                           *((k, rf.get("held_out")) for k, rf in rec.restricted.items()),
                           *((k, lv.get("held_out")) for k, lv in rec.law_variants.items())):
             if ho:
@@ -325,7 +262,7 @@ def _print_fit(result: dict[str, Any], markdown: bool) -> None:
             "yes" if rec.law.converged else "NO",
             f"{n_near} near-optimal minim{'um' if n_near == 1 else 'a'}",
         )
-        checks = rec.checks or {}
+        checks: Any = rec.checks or {}
         hs = checks.get("half_split")
         if hs and hs["lower"]["phi"] is not None and hs["upper"]["phi"] is not None:
             t.add_row("phi lower / upper budgets", f"{phi_txt(hs['lower']['phi'])} / {phi_txt(hs['upper']['phi'])}", "")
@@ -337,28 +274,25 @@ def _print_fit(result: dict[str, Any], markdown: bool) -> None:
                 f"bias {ex['bias']:+.4f}",
             )
         console.print(t)
-    _print_frontier(result, style, level)
-    if result["delta_phi"]:
+    _print_frontier(res, style, level)
+    if res.delta_phi:
         t = Table(title="Delta-phi (variant - reference): profile interval and test, paired wild bootstrap",
                   box=style)
         for c in ("variant", "reference", "Delta-phi", level, "p (Delta-phi = 0)", "block bootstrap"):
             t.add_column(c, justify="right")
-        for d in result["delta_phi"]:
+        for d in res.delta_phi:
             inf = d.get("inference") or {}
             test = (inf.get("tests") or {}).get("delta_phi=0") or {}
-            p = MISSING if test.get("p") is None else f"{test['p']:.3g}"
+            p_txt = MISSING if test.get("p") is None else f"{test['p']:.3g}"
             sec = (inf.get("secondary") or {}).get("ci") if inf else d["ci"]
             t.add_row(d["variant"], d["reference"], signed(d["delta_phi"], PHI_DIGITS),
-                      interval(d["ci"], PHI_DIGITS, is_signed=True) if inf else MISSING, p,
+                      interval(d["ci"], PHI_DIGITS, is_signed=True) if inf else MISSING, p_txt,
                       interval(sec, PHI_DIGITS, is_signed=True) if sec else MISSING)
         console.print(t)
 
 
-def _print_frontier(result: dict[str, Any], style: box.Box, level: str) -> None:
+def _print_frontier(res: FitResult, style: box.Box, level: str) -> None:
     """Compute-optimal frontier of the reference variant: law-based, with the empirical gap beside it."""
-    from loopscale.fit.result import FitResult
-
-    res = FitResult.of(result)
     v = res.variant()
     rows = v.optima.get("frontier") or []
     if not rows:
@@ -430,7 +364,7 @@ def plan(
         fitted_rs, tps = list(grids.PAPER_R), grids.PAPER_TOKENS_PER_STEP
     else:
         from loopscale.fit.fitfile import load_fit
-        from loopscale.fit.verdict import phi_verdict
+        from loopscale.fit.inference.verdict import phi_verdict
 
         doc = load_fit(fit_file)  # type: ignore[arg-type]
         law, draws = law_from_fit(doc, variant)
@@ -444,7 +378,9 @@ def plan(
         raise ConfigError("--r", f"outside the range of r the law was fitted on ({min(fitted_rs)}-{max(fitted_rs)}: "
                           f"r = {', '.join(map(str, fitted_rs))}); the fit says nothing about r = "
                           + ", ".join(map(str, outside)), value=outside)
-    template = _template(base, set_, source="--set")
+    from loopscale.fit.prepare import template_with
+
+    template = template_with(base, set_, source="--set")
     rows = make_plan(
         budget,
         law=law,

@@ -52,14 +52,15 @@ def lm_eval_cmd(ctx: typer.Context) -> None:
     argv = lm_eval_argv(list(ctx.args), cuda=torch.cuda.is_available())
     old_argv, old_error = sys.argv, argparse.ArgumentParser.error
     sys.argv = ["lm-eval", *argv]
-    argparse.ArgumentParser.error = _usage_error  # type: ignore[method-assign]
+    argparse.ArgumentParser.error = _usage_error  # type: ignore[method-assign]  # patched for this call only
     try:
         cli_evaluate()
     except SystemExit as exc:  # --help (0); lm-eval's own exits
         if exc.code not in (0, None):
             raise SystemExit(exc.code if isinstance(exc.code, int) else 1) from None
     finally:
-        sys.argv, argparse.ArgumentParser.error = old_argv, old_error
+        sys.argv = old_argv
+        argparse.ArgumentParser.error = old_error  # type: ignore[method-assign]  # restoring the patched method
 
 
 class LmEvalUsageError(LoopscaleError):
@@ -68,6 +69,6 @@ class LmEvalUsageError(LoopscaleError):
     exit_code = 2
 
 
-def _usage_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+def _usage_error(self: argparse.ArgumentParser, message: str) -> NoReturn:
     """One line, as loopscale reports usage errors, instead of argparse's usage block."""
     raise LmEvalUsageError(f"lm-eval: {message} (more: loopscale lm-eval --help)")

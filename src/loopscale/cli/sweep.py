@@ -74,8 +74,8 @@ def plan(
         t.add_column(col, justify="left" if col in ("run", "layout", "") else "right")
     for row in p.rows:
         rs = row.run
-        mem = (str(row.micro_batch or "-"), f"{row.peak_bytes / 1e9:.1f} GB" if row.peak_bytes else "-")
-        mem = mem if mem_bytes else ()
+        peak = f"{row.peak_bytes / 1e9:.1f} GB" if row.peak_bytes else "-"
+        mem: tuple[str, ...] = (str(row.micro_batch or "-"), peak) if mem_bytes else ()
         t.add_row(rs.run_id, flops(rs.C), str(rs.r), str(rs.d_model), rs.config.model.layout, count(row.N_once),
                   count(row.N_rec), count(row.tokens), f"{row.tokens_per_param:.3g}", str(row.steps), *mem,
                   _dur(row.est_s) + ("*" if row.est_kind == "extrapolated" else ""),
@@ -196,7 +196,7 @@ def run_one(
 ) -> None:
     """Worker: train one run of a sweep dir with the sweep's bookkeeping (used by --isolate and GPU slots)."""
     from loopscale.signals import worker_process
-    from loopscale.sweep.execute import execute_run
+    from loopscale.sweep.attempt import execute_run
     from loopscale.sweep.executor import SweepIncomplete
     from loopscale.sweep.store import open_store
 

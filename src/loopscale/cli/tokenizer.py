@@ -33,7 +33,7 @@ def train_tokenizer(
         raise ConfigError("paths", "give files or folders, or --default (the embedded mixture): exactly one of the two",
                           value=" ".join(paths or []))
     if default:
-        from loopscale.data.config import DataConfig
+        from loopscale.config.data import DataConfig
         from loopscale.data.mixture import build_default
 
         docs = list(build_default(DataConfig()).train_docs)

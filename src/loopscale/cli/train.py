@@ -37,8 +37,8 @@ def train(
     """Train one looped model; rerunning the same command resumes an interrupted run."""
     import tomli_w
 
+    from loopscale.config.train import config_source, describe_length
     from loopscale.train import load_train_config
-    from loopscale.train.config import config_source, describe_length
     from loopscale.train.loop import train as run_training
     from loopscale.train.rundir import default_run_dir
 

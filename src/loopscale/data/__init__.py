@@ -13,7 +13,7 @@
 Nothing here imports torch at import time except ``packing`` when it builds tensors.
 """
 
-from loopscale.data.config import DataConfig, WorldConfig, WorldMix
+from loopscale.config.data import DataConfig, WorldConfig, WorldMix
 from loopscale.data.tokenizer import ByteTokenizer, Tokenizer
 
 __all__ = ["ByteTokenizer", "DataConfig", "Tokenizer", "WorldConfig", "WorldMix"]

@@ -15,8 +15,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from loopscale.config.data import DataConfig
 from loopscale.data import corpus
-from loopscale.data.config import DataConfig
 from loopscale.data.tokenizer import ByteTokenizer
 from loopscale.data.world import CONTROL_TASKS, TASKS, EvalItem, World, build_world
 

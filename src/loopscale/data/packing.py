@@ -39,12 +39,9 @@ from array import array
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from loopscale.errors import ConfigError
-
-if TYPE_CHECKING:
-    from loopscale.data.tokenizer import Tokenizer
 
 Packing = Literal["best_fit_crop", "best_fit_split"]
 PACKINGS: tuple[str, ...] = ("best_fit_crop", "best_fit_split")
@@ -311,12 +308,3 @@ def shuffle_order(n: int, seed: int) -> array:
     order = array("q", range(n))
     random.Random(f"loopscale.packing:{seed}").shuffle(order)
     return order
-
-
-def pack_texts(texts: Iterable[str], tokenizer: Tokenizer, seq_len: int, *, seed: int = 0,
-               packing: str = DEFAULT_PACKING, buffer: int | None = None, shuffle: bool = True,
-               with_stats: bool = False):
-    """Tokenize ``texts`` with ``tokenizer`` and ``pack_rows`` them."""
-    encode = getattr(tokenizer, "encode_bytes", None) or tokenizer.encode
-    return pack_rows((encode(t) for t in texts), seq_len, tokenizer.bos_id, seed=seed, packing=packing,
-                     buffer=buffer, shuffle=shuffle, with_stats=with_stats)

@@ -193,7 +193,7 @@ def iter_shard_documents(path: Path, bos_id: int, dtype: str = "auto", max_token
         done = 0
         while done < n:
             buf = np.empty(min(window, n - done), dtype=dt)
-            if fh.readinto(memoryview(buf).cast("B")) != buf.nbytes:
+            if fh.readinto(buf.data.cast("B")) != buf.nbytes:  # buf.data: the array's memoryview
                 raise ConfigError(str(path), "truncated shard: the file ended while it was read")
             done += buf.size
             cuts = np.flatnonzero(buf == bos_id).tolist()

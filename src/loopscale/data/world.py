@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from loopscale.data.config import AXES, DataConfig
+from loopscale.config.data import AXES, DataConfig
 from loopscale.errors import ConfigError
 
 # ---- task registry ---------------------------------------------------------------------------
@@ -262,7 +262,8 @@ def _knowledge_items(rng: random.Random, seen: list[Entity], unseen: list[Entity
         rng.shuffle(s)
         rng.shuffle(u)
         pools[a] = (s, u)
-    out_seen, out_unseen = [], []
+    out_seen: list[EvalItem] = []
+    out_unseen: list[EvalItem] = []
     for i in range(n):
         a = ATTRIBUTES[i % len(ATTRIBUTES)]
         j = i // len(ATTRIBUTES)

@@ -333,9 +333,10 @@ def parse_asdiv(path: Path, task: str, axis: str) -> TaskData:
         parts = {}
         for tag in ("Body", "Question", "Answer"):
             node = prob.find(tag)
-            if node is None or not (node.text or "").strip():
+            text = (node.text or "").strip() if node is not None else ""
+            if not text:
                 raise _err(path, where, f"missing <{tag}>")
-            parts[tag] = node.text.strip()
+            parts[tag] = text
         answer = parts["Answer"].split(" (")[0].strip()
         items.append(_item(task, axis, _qa_prompt(f"{_text(parts['Body'])} {_text(parts['Question'])}"),
                            [_number(answer)], path=path, where=where, meta={"id": prob.get("ID")}))

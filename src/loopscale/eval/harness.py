@@ -97,7 +97,7 @@ class LoopscaleLM(LM):
     def generate_until(self, requests: list[Any]) -> list[str]:
         groups: dict[tuple[tuple[str, ...], int], list[int]] = {}
         for i, req in enumerate(requests):
-            kw = dict(req.args[1] or {}) if len(req.args) > 1 else {}
+            kw: dict[str, Any] = dict(req.args[1] or {}) if len(req.args) > 1 else {}
             if kw.get("do_sample") and float(kw.get("temperature", 1.0) or 0.0) > 0:
                 raise ConfigError("gen_kwargs", "loopscale generates greedily; set do_sample=false",
                                   value=kw.get("do_sample"))

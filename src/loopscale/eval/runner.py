@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loopscale.data.config import AXES, DataConfig
+from loopscale.config.data import AXES, DataConfig
 from loopscale.data.tokenizer import ByteTokenizer, Tokenizer
 from loopscale.errors import ConfigError
 from loopscale.eval.scoring import greedy_generate, is_match, score_continuations
@@ -215,8 +215,8 @@ def score_prepared(model: Any, tokenizer: Tokenizer, preps: Sequence[Prepared], 
             correct: bool | None = None
             pred: str | None = None
             if choices is not None:
-                nll = [scores[c].nll for c in choices]
-                best = min(range(len(nll)), key=nll.__getitem__)
+                choice_nll = [scores[c].nll for c in choices]
+                best = min(range(len(choice_nll)), key=choice_nll.__getitem__)
                 correct = it.choices[best] == it.gold  # type: ignore[index]
                 pred = it.choices[best]  # type: ignore[index]
             elif gen is not None:

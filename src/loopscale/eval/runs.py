@@ -34,12 +34,15 @@ from typing import Any
 from loopscale.errors import ConfigError
 from loopscale.eval.runner import EvalResult, evaluate
 from loopscale.eval.tasks import resolve_tasks
+from loopscale.record import RESULT, record_problem
 
 EVAL_VERSION = 1
 """Bumped when scores change for the same model and tasks (invalidates the per-run caches)."""
 DEFAULT_VARIANT = "baseline"
 WEIGHTS = "model.safetensors"
 META_COLUMNS = ("run_id", "run_dir", "variant", "seed", "C", "r", "r_eval", "d_model", "val_loss")
+"""The axes table's lead columns: the runs table's (``loopscale.record``; a test checks them) plus the run dir and
+the r it was evaluated at."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class RunRef:
     val_loss: float | None = None
     status: str = "ok"
     seed: int | None = None
+    problem: str | None = None  # what makes its result.json no valid record (``record.record_problem``)
 
     def meta(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "run_dir": str(self.run_dir), "variant": self.variant, "seed": self.seed,
@@ -85,8 +89,9 @@ def read_run(run_dir: Path, run_id: str | None = None) -> RunRef:
     """A RunRef from a run dir: grid coordinates (run_id, variant, seed, C) from the sweep's
     ``sweep.json`` when there is one, else from ``result.json``; r, d_model, val_loss, status from
     ``result.json``."""
-    res = _read_json(run_dir / "result.json", "result.json")
+    res = _read_json(run_dir / RESULT, RESULT)
     grid = _read_json(run_dir / "sweep.json", "sweep.json")
+    problem = record_problem(res) if res else None
     r = _num(res.get("r", grid.get("r")))
     d = _num(res.get("d_model", grid.get("d_model")))
     seed = _num(grid.get("seed", res.get("seed")))
@@ -94,7 +99,7 @@ def read_run(run_dir: Path, run_id: str | None = None) -> RunRef:
                   str(grid.get("variant") or res.get("variant") or DEFAULT_VARIANT),
                   _num(grid.get("C", res.get("C"))), int(r) if r is not None else None,
                   int(d) if d is not None else None, _num(res.get("val_loss")), str(res.get("status", "ok")),
-                  int(seed) if seed is not None else None)
+                  int(seed) if seed is not None else None, problem)
 
 
 def _cell_C(C: float | None) -> float | None:
@@ -116,7 +121,9 @@ def find_runs(sweep_dir: str | Path, *, all_runs: bool = False) -> tuple[list[Ru
     runs, notes = [], []
     for p in results:
         ref = read_run(p.parent, str(p.parent.relative_to(root)) if p.parent != root else p.parent.name)
-        if ref.status.lower() != "ok":
+        if ref.problem is not None:
+            notes.append(f"{ref.run_id}: {RESULT} is no valid run record ({ref.problem}), skipped")
+        elif ref.status.lower() != "ok":
             notes.append(f"{ref.run_id}: status {ref.status}, skipped")
         elif not (ref.run_dir / WEIGHTS).exists():
             notes.append(f"{ref.run_id}: no {WEIGHTS}, skipped")
@@ -186,10 +193,10 @@ def evaluate_run(run: RunRef | str | Path, tasks: str | Sequence[str] = "world",
     import torch
 
     from loopscale.config import load_mapping, validate
-    from loopscale.data.config import DataConfig
+    from loopscale.config.data import DataConfig
+    from loopscale.config.train import TrainConfig
     from loopscale.io import atomic_write_json
     from loopscale.train.checkpoint import CONFIG
-    from loopscale.train.config import TrainConfig
     from loopscale.train.hardware import autocast, resolved_dtype
 
     if dtype not in ("auto", "float32", "bfloat16"):
@@ -223,11 +230,17 @@ def evaluate_run(run: RunRef | str | Path, tasks: str | Sequence[str] = "world",
             # reasoning, math, reading and symbolic items are still meaningful, its bio_qa facts are not)
             data = cfg.data if cfg.data.source == "default" else DataConfig(seed=cfg.data.seed)
             for r in todo:
-                cb = (lambda d, t, r=r: progress(f"{ref.run_id} r={r}", d, t)) if progress else None
+                cb: Callable[[int, int], None] | None = None
+                if progress:
+                    def cb(d: int, t: int, r: int = r) -> None:
+                        progress(f"{ref.run_id} r={r}", d, t)
+
+                def log_line(m: str, r: int = r) -> None:
+                    say(f"{ref.run_id} r={r}: {m}")
+
                 with autocast(dev, dtype):
                     res = evaluate(model, specs, tokenizer=tokenizer, r=r, data=data, data_dir=data_dir, shots=shots,
-                                   limit=limit, batch_size=batch_size, progress=cb,
-                                   log=lambda m, r=r: say(f"{ref.run_id} r={r}: {m}"))
+                                   limit=limit, batch_size=batch_size, progress=cb, log=log_line)
                 if cache:
                     atomic_write_json(paths[r], {**res.as_dict(), "run_id": ref.run_id, "tasks_requested": names})
                 results[r] = res
@@ -382,7 +395,7 @@ def evaluate_path(path: str | Path, tasks: str | Sequence[str] = "world", *, r_v
         raise ConfigError("PATH", "no such file or folder", value=str(p))
     resolve_tasks(tasks)  # unknown names fail before any model is loaded
     if is_run(p):
-        refs, notes = [read_run(_run_dir(p))], []
+        refs, notes = [read_run(_run_dir(p))], list[str]()
     else:
         refs, notes = find_runs(p, all_runs=all_runs)
     rows: list[dict[str, Any]] = []

@@ -184,11 +184,11 @@ def greedy_generate(model: Any, tokenizer: Tokenizer, prompts: Sequence[str], *,
     # prompt tokens one step at a time, so the spread is kept within the generation length.
     batches: list[list[int]] = []
     for i in order:
-        b = batches[-1] if batches else None
-        if b is None or len(b) >= batch_size or len(ctxs[i]) - len(ctxs[b[0]]) > max(8, max(limits)):
+        last = batches[-1] if batches else None
+        if last is None or len(last) >= batch_size or len(ctxs[i]) - len(ctxs[last[0]]) > max(8, max(limits)):
             batches.append([i])
         else:
-            b.append(i)
+            last.append(i)
     texts: list[str] = [""] * len(ctxs)
     for idx in batches:
         lens = [len(ctxs[i]) for i in idx]

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loopscale.data.config import AXES, DataConfig
+from loopscale.config.data import AXES, DataConfig
 from loopscale.data.world import CONTROL_TASKS, TASKS, EvalItem
 from loopscale.errors import ConfigError
 from loopscale.eval.benchmarks import BENCHMARKS, Benchmark, TaskData

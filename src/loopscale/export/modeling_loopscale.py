@@ -16,8 +16,6 @@ block *application*, which transformers' caches do not model); ``loopscale sampl
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -179,12 +177,12 @@ class LoopscaleForCausalLM(PreTrainedModel, GenerationMixin):
     config_class = LoopscaleConfig
     base_model_prefix = "loopscale"
     main_input_name = "input_ids"
-    _no_split_modules: ClassVar[list[str]] = ["Block"]
+    _no_split_modules: set[str] | list[str] | None = ["Block"]  # noqa: RUF012  (an instance variable upstream)
 
     def __init__(self, config: LoopscaleConfig) -> None:
         super().__init__(config)
         d = config.hidden_size
-        self.embed = nn.Embedding(config.vocab_size, d)
+        self.embed: nn.Module = nn.Embedding(config.vocab_size, d)  # any module: set_input_embeddings
         self.norm_emb = RMSNorm(d, config.norm_eps)
         self.prelude = nn.ModuleList(Block(config) for _ in range(config.n_prelude))
         self.recur = nn.ModuleList(Block(config) for _ in range(config.n_recur))

@@ -14,7 +14,7 @@ real fitter (``law.multistart`` + the block bootstrap of ``bootstrap.refit_batch
 Reported (:func:`simulate`): mean CI width of phi, bias and spread of phi-hat, coverage of the true
 phi, P(the CI excludes 0), P(the CI excludes 1), the share of fits whose phi ended at its box, and
 per (C, r) cell the probability that the empirical optimum is bracketed by the widths, and the share
-of simulated fits the verdict would call resolved (its CI-width and box rules: fit/verdict.py) - from
+of simulated fits the verdict would call resolved (its CI-width and box rules: fit/inference/verdict.py) - from
 the percentile interval; the fit quotes the calibrated one, whose coverage bench/inference_coverage.py
 measures (docs/fit.md, "Inference").
 
@@ -43,14 +43,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from loopscale.fit._threads import single_thread_blas
-from loopscale.fit.bootstrap import cell_counts, percentile_ci, refit_batch
-from loopscale.fit.formula import PHI, LawData, params_to_theta
-from loopscale.fit.formula import predict as predict_theta
-from loopscale.fit.optimiser import Bounds, multistart
-from loopscale.fit.paper import PAPER_HUBER_DELTA
+from loopscale.fit.inference.bootstrap import cell_counts, percentile_ci, refit_batch
+from loopscale.fit.inference.verdict import MAX_CI_WIDTH
+from loopscale.fit.law.formula import PHI, LawData, params_to_theta
+from loopscale.fit.law.formula import predict as predict_theta
+from loopscale.fit.law.solver import Bounds, multistart
+from loopscale.fit.law.threads import single_thread_blas
+from loopscale.fit.paper import PAPER_HUBER_DELTA, PAPER_LOSS
 from loopscale.fit.table import budget_values
-from loopscale.fit.verdict import MAX_CI_WIDTH
 
 REQUIRED = ("C", "r", "N_once", "N_rec", "D")
 
@@ -72,9 +72,9 @@ class DesignSettings:
     bootstrap: int = 50
     restarts: int = 100
     bootstrap_random_starts: int = 2
-    lr_draws: int = 200  # wild-bootstrap tables of the profile interval `fit` quotes (fit/inference.py); 0: off
+    lr_draws: int = 200  # wild-bootstrap tables of the profile interval `fit` quotes (fit/inference/profile.py); 0: off
     ci_level: float = 0.95
-    loss: str = "huber"
+    loss: str = PAPER_LOSS
     delta: float = PAPER_HUBER_DELTA
     phi_bounds: tuple[float, float] = (-3.0, 3.0)
     seed: int = 0
@@ -171,7 +171,7 @@ def _one(job: tuple[pd.DataFrame, np.ndarray, Noise, DesignSettings, int, bool])
         out["ci"] = percentile_ci(draws, st.ci_level)
         out["bracketed"] = _bracketed(grid, L)
     if with_bootstrap and st.lr_draws:  # the interval `loopscale fit` quotes (docs/fit.md, "Inference")
-        from loopscale.fit import inference
+        from loopscale.fit.inference import profile as inference
 
         v = inference.webb_weights(int(cells.max()) + 1, st.lr_draws, rng)
         state = inference.VariantInference.run(best.theta, best.objective, bounds, data, cells, v, st.loss,
@@ -181,8 +181,8 @@ def _one(job: tuple[pd.DataFrame, np.ndarray, Noise, DesignSettings, int, bool])
 
 
 def _bracketed(grid: pd.DataFrame, L: np.ndarray) -> dict[str, bool]:
-    """Per (C, r) cell: is the parabola-in-log-N vertex inside the widths tried (``optima.empirical_optima``)?"""
-    from loopscale.fit.optima import empirical_optima
+    """Per (C, r) cell: is the parabola-in-log-N vertex inside the widths tried (``allocation.empirical_optima``)?"""
+    from loopscale.fit.allocation import empirical_optima
 
     emp = empirical_optima(grid.assign(val_loss=L))
     return {f"{c:.3g}|{r}": bool(b) for c, r, b in zip(emp["C"], emp["r"], emp["bracketed"], strict=True)}
@@ -242,7 +242,7 @@ class DesignResult:
     reject_0: float
     reject_1: float
     at_bound: float
-    identified: float = float("nan")  # share the verdict would call resolved (interval width, box; fit/verdict.py)
+    identified: float = float("nan")  # share the verdict calls resolved (width, box: fit/inference/verdict.py)
     lr_ci_width: float = float("nan")  # the profile interval `fit` quotes: mean and median width, coverage, tests
     lr_ci_width_median: float = float("nan")
     lr_coverage: float = float("nan")

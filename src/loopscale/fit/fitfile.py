@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 
 from loopscale.errors import ConfigError
+from loopscale.fit.law.formula import COEFFICIENTS, params_to_theta
+from loopscale.fit.law.joint import JointLaw
 from loopscale.fit.result import FORMAT, VERSION, FitResult
 from loopscale.io import atomic_write_text
 
@@ -38,7 +40,7 @@ def json_ready(obj: Any) -> Any:
 
 
 def write_fit(path: str | Path, fit: Any) -> Path:
-    """Write ``fit`` (the dict of ``fit_runs``, or a ``result.FitResult``) as JSON atomically; returns the path."""
+    """Write ``fit`` (a ``result.FitResult``, as ``fit_runs`` returns, or its dict) atomically; returns the path."""
     if hasattr(fit, "to_dict"):
         fit = {k: v for k, v in fit.to_dict().items() if k not in ("format", "version")}
     p = Path(path)
@@ -106,9 +108,9 @@ def check_numbers(doc: dict[str, Any], source: str) -> None:
                 continue  # phi undetermined (no looped runs)
             ok = isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
             if ok and k in ("E", "A", "B"):
-                ok = x > 0
+                ok = float(x or 0) > 0
             if ok and k == "phi":
-                ok = abs(x) <= MAX_ABS_PHI
+                ok = abs(float(x or 0)) <= MAX_ABS_PHI
             if not ok:
                 want = {"E": "a number > 0", "A": "a number > 0", "B": "a number > 0",
                         "phi": f"a finite number within ±{MAX_ABS_PHI:g}, or null"}.get(k, "a finite number")
@@ -130,3 +132,24 @@ def load_fit(path: str | Path) -> Any:
         err = exc.errors()[0]
         where = ".".join(str(x) for x in err["loc"])
         raise ConfigError(where or "fit file", f"not a valid fit file ({err['msg']})", source=str(path)) from None
+
+
+def law_from_fit(fit: Any, variant: str | None = None) -> tuple[JointLaw, np.ndarray | None]:
+    """The fitted law of one variant of a fit (a ``FitResult`` or a fit dict), and its bootstrap draws as
+    thetas (or None)."""
+    res = FitResult.of(fit)
+    name = variant or res.reference
+    if name not in res.variants:
+        raise ConfigError("--variant", f"not in the fit file; it has {sorted(res.variants)}", value=name)
+    rec = res.variant(name)
+    p = rec.params.as_dict()
+    law = JointLaw.from_params(**{**p, "phi": rec.phi})  # type: ignore[arg-type]  # read_fit checked E..beta
+    boot = rec.bootstrap
+    thetas = None
+    if boot.draws and boot.draws_of("E").size:
+        arr = {k: boot.draws_of(k) for k in COEFFICIENTS}
+        if rec.phi_undetermined:
+            arr["phi"] = np.zeros_like(arr["E"])
+        thetas = np.array([params_to_theta({k: arr[k][i] for k in COEFFICIENTS}) for i in range(len(arr["E"]))])
+        thetas = thetas[np.isfinite(thetas).all(axis=1)]
+    return law, thetas

@@ -42,6 +42,8 @@ PAPER_BOX: Final[dict[str, tuple[float, float]]] = {
     "phi": (-3.0, 3.0),
 }
 
+#: The paper's fit settings (§5): 500 starts, summed Huber loss in log space with delta 1e-3, 200 resamples.
 PAPER_RESTARTS: Final[int] = 500
+PAPER_LOSS: Final = "huber"
 PAPER_HUBER_DELTA: Final[float] = 1e-3
 PAPER_BOOTSTRAP: Final[int] = 200

@@ -4,8 +4,8 @@ Why: the fit file's nested dict was read by string keys in eight modules, and "p
 ``None`` tested in each of them. :class:`FitResult` names the parts every reader uses (the law's
 coefficients, the bootstrap's CIs and draws, the settings the verdict needs) and keeps every other key
 as it is (``extra="allow"``), so ``FitResult.of(doc).to_dict()`` is the same document and old fit files
-load unchanged. The verdict is data computed from it: ``fit.verdict.phi_verdict(res, name)`` and
-``fit.verdict.verdicts(res)`` (verdict builds on this module, not the reverse).
+load unchanged. The verdict is data computed from it: ``fit.inference.verdict.phi_verdict(res, name)`` and
+``fit.inference.verdict.verdicts(res)`` (verdict builds on this module, not the reverse).
 
 Serialised by ``fitfile.write_fit`` to the same JSON as before (``format`` and ``version`` first).
 """
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from loopscale.fit.formula import COEFFICIENTS, PhiState
+from loopscale.fit.law.formula import COEFFICIENTS, PhiState
 
 FORMAT = "loopscale.fit"
 #: the fit file's format version (``FitResult.version``); a reader accepts exactly this one.
@@ -27,10 +27,44 @@ VERSION = 1
 
 
 class _Record(BaseModel):
-    """A part of the fit file: named fields typed, every other key kept as it came."""
+    """A part of the fit file: named fields typed, every other key kept as it came.
+
+    Read by attribute. ``rec["key"]``, ``rec.get("key")`` and ``"key" in rec`` read the fit file's document
+    (the keys that were set, as in the JSON), so code written against the fit file's dicts reads a typed part
+    unchanged."""
 
     model_config = ConfigDict(extra="allow", arbitrary_types_allowed=True, protected_namespaces=(),
                               ignored_types=(cached_property,))
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and (key in self.model_fields_set or key in (self.__pydantic_extra__ or {}))
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        setattr(self, key, value)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __iter__(self) -> Any:  # the keys, as a dict's (pydantic's own yields (name, value) pairs)
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+    def keys(self) -> list[str]:
+        """The keys set, in the order the fit file writes them (declared fields, then the others)."""
+        return [k for k in type(self).model_fields if k in self.model_fields_set] + list(self.__pydantic_extra__ or {})
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(k, self[k]) for k in self.keys()]
 
 
 def _floats(values: Any) -> np.ndarray:
@@ -99,6 +133,8 @@ class Bootstrap(_Record):
     converged_fraction: float | None = None
     phi_undetermined_draws: int | None = None
     ci: dict[str, Any] = {}
+    at_bounds: dict[str, int] = {}
+    data_rule_draws: dict[str, int] = {}
     draws: dict[str, Any] = {}
 
     def ci_of(self, name: str) -> tuple[float, float] | None:
@@ -110,6 +146,49 @@ class Bootstrap(_Record):
         return _floats(self.draws.get(name))
 
 
+class SubFit(_Record):
+    """A fit of the law with something fixed: a restricted fit (phi = 0, phi = 1) or a per-r Chinchilla fit
+    (phi = 0 on one r's runs); ``held_out`` (restricted fits, with checks) is judged as the free law's."""
+
+    params: dict[str, float | None] = {}
+    objective: float | None = None
+    converged: bool | None = None
+    r2: float | None = None
+    rmse: float | None = None
+    rmse_per_r: dict[str, float | None] = {}
+    n_runs: int | None = None
+    held_out: dict[str, Any] | None = None
+
+
+class Optima(_Record):
+    """The compute-optimal analysis: empirical optimum per (C, r) cell and the law-based frontier."""
+
+    template: dict[str, Any] = {}
+    empirical: list[dict[str, Any]] = []
+    empirical_exponents: dict[str, Any] = {}
+    frontier: list[dict[str, Any]] = []
+    frontier_exponents: dict[str, Any] = {}
+
+
+class Checks(_Record):
+    """Validation (``inference.checks``): top-budget extrapolation, leave-one-r-out, half split, held-out RMSEs."""
+
+    extrapolation: dict[str, Any] | None = None
+    leave_one_r_out: dict[str, Any] | None = None
+    half_split: dict[str, Any] | None = None
+    held_out: dict[str, Any] | None = None
+
+
+class Inference(_Record):
+    """The calibrated inference of one variant (``inference.profile``; docs/fit.md, "The inference record")."""
+
+    phi: dict[str, Any] | None = None
+    tests: dict[str, dict[str, Any]] = {}
+    secondary: dict[str, Any] | None = None
+    null: dict[str, Any] | None = None
+    profile: dict[str, Any] | None = None
+
+
 class VariantFit(_Record):
     """Everything fitted for one variant (its r > 1 runs plus every r = 1 run)."""
 
@@ -119,13 +198,13 @@ class VariantFit(_Record):
     metrics: Metrics = Metrics()
     identifiability: dict[str, Any] | None = None
     derived: dict[str, Any] = {}
-    restricted: dict[str, dict[str, Any]] = {}
+    restricted: dict[str, SubFit] = {}
     law_variants: dict[str, dict[str, Any]] = {}
-    per_r: dict[str, dict[str, Any]] = {}
+    per_r: dict[str, SubFit] = {}
     bootstrap: Bootstrap = Bootstrap()
-    optima: dict[str, Any] = {}
-    checks: dict[str, Any] | None = None
-    inference: dict[str, Any] | None = None  # fit/inference.py's record (absent in fit files written before it)
+    optima: Optima = Optima()
+    checks: Checks | None = None
+    inference: Inference | None = None  # absent in fit files written before the calibrated inference
 
     @property
     def params(self) -> Coefficients:
@@ -149,7 +228,11 @@ class DeltaPhi(_Record):
     delta_phi: float | None = None
     ci: Any = None  # the calibrated interval (``inference.ci``) when present, else the paired percentile one
     fraction_above_zero: float | None = None
+    draws: Any = None
     inference: dict[str, Any] | None = None
+    secondary_ci: Any = None
+    loss_gap: dict[str, Any] | None = None  # inference/shared.py ``loss_gap``: val loss on the same runs
+    shared: dict[str, Any] | None = None  # the shared-law reading (inference/shared.py)
 
 
 class FitResult(_Record):
@@ -160,7 +243,7 @@ class FitResult(_Record):
     created: Any = None
     loopscale_version: Any = None
     source: dict[str, Any] = {}
-    settings: dict[str, Any] = {}  # analysis.FitSettings as stored (typed reads: fixed_phi, phi_bounds, ci_level)
+    settings: dict[str, Any] = {}  # settings.FitSettings as stored (typed reads: fixed_phi, phi_bounds, ci_level)
     template: dict[str, Any] | None = None
     budgets: Any = None
     tokens_per_step: Any = None
@@ -170,6 +253,7 @@ class FitResult(_Record):
     delta_phi: list[DeltaPhi] = []
     warnings: list[str] = []
     wall_s: float | None = None
+    compare: dict[str, Any] | None = None  # ``fit --compare``: inference/compare.py's record
 
     @classmethod
     def of(cls, fit: FitResult | dict[str, Any]) -> FitResult:

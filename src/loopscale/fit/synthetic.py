@@ -15,8 +15,8 @@ import pandas as pd
 
 from loopscale import accounting, grids
 from loopscale.config import ModelConfig
-from loopscale.fit.formula import params_to_theta
-from loopscale.fit.formula import predict as predict_theta
+from loopscale.fit.law.formula import params_to_theta
+from loopscale.fit.law.formula import predict as predict_theta
 from loopscale.fit.paper import PAPER_COEFFICIENTS
 
 

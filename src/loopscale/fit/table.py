@@ -20,8 +20,9 @@ import numpy as np
 import pandas as pd
 
 from loopscale.errors import ConfigError
+from loopscale.record import FIT_INPUTS, STATUSES, record_problem
 
-REQUIRED: tuple[str, ...] = ("r", "N_once", "N_rec", "D", "val_loss")
+REQUIRED: tuple[str, ...] = FIT_INPUTS
 #: statuses of a run that finished normally (case-insensitive); an empty status counts as ok.
 OK_STATUSES: frozenset[str] = frozenset(
     {"ok", "done", "completed", "complete", "success", "succeeded", "finished", "converged"}
@@ -223,6 +224,11 @@ def _read_result_json(p: Path, run_id: str) -> pd.DataFrame:
         raise ConfigError("result.json", f"not valid JSON: {str(exc).splitlines()[0]}", source=str(p)) from None
     if not isinstance(data, dict):
         raise ConfigError("result.json", "expected one flat JSON object per run", source=str(p))
+    if data.get("status") in STATUSES:  # a run's record: its status and the fit's inputs checked as the store does
+        problem = record_problem(data, types=False)
+        if problem:
+            field, _, what = problem.partition(": ")
+            raise ConfigError(field, what, source=str(p))
     flat = {k: v for k, v in data.items() if not isinstance(v, dict | list)}
     flat.setdefault("run_id", run_id)
     return pd.DataFrame([flat])

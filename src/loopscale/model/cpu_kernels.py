@@ -228,6 +228,13 @@ def _parts(numel: int) -> int:
     return max(1, min(torch.get_num_threads(), numel // GRAIN))
 
 
+def _lib() -> ctypes.CDLL:
+    """The compiled library, for the kernel wrappers below: their callers checked ``serves`` (so it loaded)."""
+    lib = library()
+    assert lib is not None, "cpu kernels called without a compiled library (check serves() first)"
+    return lib
+
+
 def _ptr(t: torch.Tensor) -> int:
     """The address of ``t``'s first element; the caller keeps ``t`` alive (bound to a name) for the call."""
     return t.data_ptr()
@@ -239,7 +246,7 @@ def rms_norm_fwd(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Te
     y = torch.empty_like(x)
     rstd = x.new_empty((*x.shape[:-1], 1))
     rows, w = x.numel() // n, w.contiguous()  # bound: a pointer into a temporary would dangle
-    library().rms_norm_fwd(_ptr(x), _ptr(w), _ptr(y), _ptr(rstd), rows, n, eps, _parts(x.numel()))
+    _lib().rms_norm_fwd(_ptr(x), _ptr(w), _ptr(y), _ptr(rstd), rows, n, eps, _parts(x.numel()))
     return y, rstd
 
 
@@ -252,7 +259,7 @@ def rms_norm_bwd(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, rstd: torch.
     gx = torch.empty_like(x)
     dw_parts = x.new_zeros(parts, n) if want_dw else None
     w = w.contiguous()
-    library().rms_norm_bwd(_ptr(g), _ptr(x), _ptr(w), _ptr(rstd), _ptr(gx),
+    _lib().rms_norm_bwd(_ptr(g), _ptr(x), _ptr(w), _ptr(rstd), _ptr(gx),
                            None if dw_parts is None else _ptr(dw_parts), rows, n, parts)
     return gx, (dw_parts.sum(0) if dw_parts is not None else None)
 
@@ -264,7 +271,7 @@ def rope_qk_norm_fwd(qkv: torch.Tensor, turn: torch.Tensor, eps: float) -> tuple
     out = torch.empty_like(qkv)
     rstd = qkv.new_empty(B, T, 2, H, 1)
     table = torch.view_as_real(turn.contiguous())
-    library().rope_qk_norm_fwd(_ptr(qkv), _ptr(table), _ptr(out), _ptr(rstd), B, T, H, hd, eps, _parts(qkv.numel()))
+    _lib().rope_qk_norm_fwd(_ptr(qkv), _ptr(table), _ptr(out), _ptr(rstd), B, T, H, hd, eps, _parts(qkv.numel()))
     return out, rstd
 
 
@@ -276,19 +283,19 @@ def rope_qk_norm_bwd(gq: torch.Tensor, gk: torch.Tensor, gv: torch.Tensor, out: 
     grad = torch.empty_like(out)
     strides = (ctypes.c_long * 12)(*gq.stride(), *gk.stride(), *gv.stride())
     table = torch.view_as_real(turn.contiguous())
-    library().rope_qk_norm_bwd(_ptr(gq), _ptr(gk), _ptr(gv), ctypes.addressof(strides), _ptr(out), _ptr(rstd),
+    _lib().rope_qk_norm_bwd(_ptr(gq), _ptr(gk), _ptr(gv), ctypes.addressof(strides), _ptr(out), _ptr(rstd),
                                _ptr(table), _ptr(grad), B, T, H, hd, _parts(out.numel()))
     return grad
 
 
 def relu_square_fwd(z: torch.Tensor, sq: torch.Tensor) -> None:
     """``z`` (contiguous fp32) becomes relu(z) in place; ``sq`` (same size) receives its square."""
-    library().relu_square_fwd(_ptr(z), _ptr(sq), z.numel(), _parts(z.numel()))
+    _lib().relu_square_fwd(_ptr(z), _ptr(sq), z.numel(), _parts(z.numel()))
 
 
 def relu_square_bwd(h: torch.Tensor, g: torch.Tensor, sq: torch.Tensor) -> None:
     """``g`` (the gradient at h^2) becomes 2 g h in place; ``sq`` receives h^2. All contiguous fp32."""
-    library().relu_square_bwd(_ptr(h), _ptr(g), _ptr(sq), h.numel(), _parts(h.numel()))
+    _lib().relu_square_bwd(_ptr(h), _ptr(g), _ptr(sq), h.numel(), _parts(h.numel()))
 
 
 def attention_serves(qkv: torch.Tensor) -> bool:
@@ -311,8 +318,8 @@ def attention_fwd(qkv: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.
     out = qkv.new_empty(B, T, H, hd)
     lse = qkv.new_empty(B, H, T)
     parts = _attn_parts(B, H, T, hd)
-    work = qkv.new_empty(parts, library().attn_workspace(T, hd, 0))
-    library().attn_fwd(_ptr(qkv), _ptr(out), _ptr(lse), _ptr(work), B, T, H, hd, scale, parts)
+    work = qkv.new_empty(parts, _lib().attn_workspace(T, hd, 0))
+    _lib().attn_fwd(_ptr(qkv), _ptr(out), _ptr(lse), _ptr(work), B, T, H, hd, scale, parts)
     return out, lse
 
 
@@ -324,7 +331,7 @@ def attention_bwd(qkv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, g: to
     grad = torch.empty_like(qkv)
     strides = (ctypes.c_long * 4)(*g.stride())
     parts = _attn_parts(B, H, T, hd)
-    work = qkv.new_empty(parts, library().attn_workspace(T, hd, 1))
-    library().attn_bwd(_ptr(qkv), _ptr(out), _ptr(lse), _ptr(g), ctypes.addressof(strides), _ptr(grad), _ptr(work),
+    work = qkv.new_empty(parts, _lib().attn_workspace(T, hd, 1))
+    _lib().attn_bwd(_ptr(qkv), _ptr(out), _ptr(lse), _ptr(g), ctypes.addressof(strides), _ptr(grad), _ptr(work),
                        B, T, H, hd, scale, parts)
     return grad

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from loopscale.memory import mlp_chunk_rows
 from loopscale.model import cpu_kernels
+from loopscale.model.chunks import mlp_chunk_rows
 
 #: turn the fused CPU functions off (tests and ``bench/`` compare both paths)
 ENABLED = True
@@ -242,6 +242,7 @@ class _SquaredReLUMLP(torch.autograd.Function):
                 sq, gz = bufs[0, : hc.size(0)], torch.mm(gc, w_proj, out=bufs[1, : hc.size(0)])
                 cpu_kernels.relu_square_bwd(hc, gz, sq)
             if want_proj:
+                assert sq is not None  # computed above whenever proj's gradient is wanted
                 g_proj = _accumulate(g_proj, gc.t() @ sq)
             if want_fc:
                 g_fc = _accumulate(g_fc, gz.t() @ rows[lo : lo + ctx.chunk])

@@ -33,6 +33,8 @@ class Rotary(nn.Module):
     so fp32 CPU runs see exactly the paper's rotation. cos/sin are cached up to the longest position seen.
     """
 
+    inv_freq: torch.Tensor  # a (non-persistent) buffer, registered in __init__
+
     def __init__(self, head_dim: int, base: float = 10000.0) -> None:
         super().__init__()
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))

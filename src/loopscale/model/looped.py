@@ -7,14 +7,15 @@
 With ``r = 1`` the model is the plain non-looped stack of ``L_eff`` unique layers (no injection,
 no recurrent norm), unless ``r1_looped``: then it is a loop of one. The paper's own r = 1 baseline is
 such a loop: 0 + 20 + 0 layers, passthrough injection, its recurrent norm applied once
-(``configs/paper.toml`` builds it that way). Truncated BPTT runs the first ``r - k`` recurrences
+(``presets/paper.toml`` builds it that way). Truncated BPTT runs the first ``r - k`` recurrences
 without autograd, so they cost a forward pass only, as the accounting charges them.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,7 @@ from loopscale.errors import ConfigError
 from loopscale.model.injection import make_injection
 from loopscale.model.layers import Block, KVSlot, RMSNorm, Rotary
 from loopscale.model.loss import softcap_cross_entropy
+from loopscale.technique import Technique
 
 
 class KVCache:
@@ -52,7 +54,7 @@ class KVCache:
         return self.slots[0].length if self.slots else 0
 
 
-def loop_of(cfg: ModelConfig) -> nn.Module:
+def loop_of(cfg: ModelConfig) -> Technique:
     """The loop's technique for a looped config: the user's class (``model.technique``) or a built-in
     injection, whose truncated BPTT is its ``grad``."""
     if cfg.technique is not None:
@@ -80,6 +82,8 @@ def cannot_run(cfg: ModelConfig, r: int) -> str:
 class LoopedLM(nn.Module):
     #: the loss by row chunks with its gradient in the same pass (``model/loss.py``); False: plain autograd
     fused_loss: bool = True
+    #: the loop's technique (looped configs only; ``loop_of``)
+    inject: Technique
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -120,9 +124,10 @@ class LoopedLM(nn.Module):
             self.inject.reset_parameters()
 
     def blocks(self) -> Iterator[Block]:
-        yield from self.prelude
-        yield from self.recur
-        yield from self.coda
+        # nn.ModuleList iterates as Module; these three hold only Blocks (``__init__``)
+        yield from cast(Iterable[Block], self.prelude)
+        yield from cast(Iterable[Block], self.recur)
+        yield from cast(Iterable[Block], self.coda)
 
     # ---- forward ---------------------------------------------------------------------------
     def _stack(self, blocks: nn.ModuleList, x: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
@@ -217,8 +222,9 @@ class LoopedLM(nn.Module):
         for b in self.blocks():
             for name, p in b.named_parameters():
                 groups["norm" if name.startswith("norm") else "matrix"].append(p)
-        groups["embed"].append(self.embed.weight)
-        groups["head"].append(self.head.weight)
+        # torch annotates Embedding/Linear.weight as Tensor; they are Parameters
+        groups["embed"].append(cast(nn.Parameter, self.embed.weight))
+        groups["head"].append(cast(nn.Parameter, self.head.weight))
         groups["norm"] += [self.norm_emb.weight, self.norm_final.weight]
         if self.cfg.is_looped:  # the injection or technique names each parameter's group
             groups["norm"].append(self.norm_recur.weight)

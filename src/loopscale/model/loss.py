@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from loopscale.memory import chunk_rows
+from loopscale.model.chunks import chunk_rows
 
 
 class _FusedSoftcapCE(torch.autograd.Function):

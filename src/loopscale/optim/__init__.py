@@ -19,7 +19,7 @@ The update rules, defaults and assumptions are written up in docs/optim.md.
 
 from typing import TYPE_CHECKING, Any
 
-from loopscale.optim.config import OptimConfig
+from loopscale.config.optim import OptimConfig
 from loopscale.optim.schedules import cosine, linear_decay, lr_schedule, wsd
 from loopscale.optim.transfer import reference_lrs, resolve_lrs, tokens_ref, transfer_factors
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from loopscale.optim.config import OptimConfig
+from loopscale.config.optim import OptimConfig
 from loopscale.optim.muonh import MuonH
 from loopscale.optim.schedules import Schedule, lr_schedule
 from loopscale.optim.transfer import GROUPS, resolve_lrs

@@ -196,12 +196,14 @@ class MuonH(torch.optim.Optimizer):
         mu, lr = group["momentum"], group["lr"]
         updates = []
         for p in params:
+            grad = p.grad
+            assert grad is not None  # step() buckets only parameters with a gradient
             state = self.state[p]
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(p)
             buf = state["momentum_buffer"]
-            buf.lerp_(p.grad, 1.0 - mu)
-            updates.append(_wide(p.grad.lerp(buf, mu) if group["nesterov"] else buf))
+            buf.lerp_(grad, 1.0 - mu)
+            updates.append(_wide(grad.lerp(buf, mu) if group["nesterov"] else buf))
         U = torch.stack(updates)
         dt = _ns_dtype(group["ns_dtype"], U.device)
         # a param group restored from a checkpoint written before Polar Express existed has no key: NS5 ran then

@@ -24,7 +24,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from loopscale.optim.config import OptimConfig
+    from loopscale.config.optim import OptimConfig
 
 Schedule = Callable[[int, int], float]
 
@@ -74,9 +74,9 @@ def wsd(step: int, total_steps: int, *, decay_frac: float = 0.2, final_lr_frac: 
 
 def lr_schedule(cfg: OptimConfig) -> Schedule:
     """The config's schedule as ``multiplier(step, total_steps)``."""
-    common = {"final_lr_frac": cfg.final_lr_frac, "warmup_frac": cfg.warmup_frac}
+    final, warmup = cfg.final_lr_frac, cfg.warmup_frac
     if cfg.schedule == "linear_decay":
-        return partial(linear_decay, **common)
+        return partial(linear_decay, final_lr_frac=final, warmup_frac=warmup)
     if cfg.schedule == "cosine":
-        return partial(cosine, **common)
-    return partial(wsd, decay_frac=cfg.decay_frac, **common)
+        return partial(cosine, final_lr_frac=final, warmup_frac=warmup)
+    return partial(wsd, decay_frac=cfg.decay_frac, final_lr_frac=final, warmup_frac=warmup)

@@ -17,8 +17,8 @@ paper only trains MuonH). With ``transfer = false`` only ``lr_scale`` applies.
 
 from __future__ import annotations
 
+from loopscale.config.optim import OptimConfig
 from loopscale.errors import ConfigError
-from loopscale.optim.config import OptimConfig
 
 GROUPS: tuple[str, ...] = ("matrix", "embed", "head", "norm", "scalar")
 BATCH_SCALED: tuple[str, ...] = ("matrix", "embed", "head")  # the paper batch-scales only these

@@ -70,7 +70,8 @@ def build_panels(
         "axes": [tables.axes_table(ctx)],
         "test_time": [tables.test_time_table(ctx)],
     }
-    details = {"equivalence": [tables.equivalence_table(ctx)], "allocation": [tables.allocation_table(ctx)]}
+    details: dict[str, list[tables.Table | None]] = {"equivalence": [tables.equivalence_table(ctx)],
+                                                     "allocation": [tables.allocation_table(ctx)]}
     for name, title, fn in figures.FIGURES:
         say(f"figure: {name}")
         fig = fn(ctx)

@@ -16,10 +16,10 @@ import pandas as pd
 
 from loopscale import grids
 from loopscale.fit import JointLaw, law_from_fit
-from loopscale.fit.optima import empirical_optima, template_config, valid_rs
+from loopscale.fit.allocation import empirical_optima, template_config, valid_rs
+from loopscale.fit.inference.verdict import verdicts as all_verdicts
 from loopscale.fit.result import FitResult, VariantFit
 from loopscale.fit.table import budget_values
-from loopscale.fit.verdict import verdicts as all_verdicts
 from loopscale.report.honesty import Verdict
 from loopscale.report.inputs import ReportInputs
 from loopscale.report.style import Palette

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from loopscale.fit.formula import equivalent_N
+from loopscale.fit.law.formula import equivalent_N
 from loopscale.report.context import ReportContext
 from loopscale.report.inputs import AXES
 
@@ -21,8 +21,8 @@ def equivalence_ratios(ctx: ReportContext) -> pd.DataFrame:
     """Per r: N_eq/N and N_cost/N (median over the sweep's models) with the CI of N_eq/N from phi's draws."""
     rows = []
     phi = ctx.law.phi_
-    draws = ctx.variant_fit.bootstrap.draws_of("phi")
-    draws = draws[np.isfinite(draws)] if draws.size else None
+    all_draws = ctx.variant_fit.bootstrap.draws_of("phi")
+    draws = all_draws[np.isfinite(all_draws)] if all_draws.size else None
     for r in ctx.rs:
         g = ctx.df[ctx.df["r"] == r]
         f_once = float(np.median(g["N_once"] / g["N"]))

@@ -17,21 +17,21 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, ParamSpec, TypeVar
 
 import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+from matplotlib.figure import Figure, SubFigure
 from matplotlib.gridspec import GridSpec
 from matplotlib.legend import Legend
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
-from loopscale.fit.optima import law_frontier
+from loopscale.fit.allocation import law_frontier
 from loopscale.numbers import count, flops
 from loopscale.report import style
 from loopscale.report.context import ReportContext
@@ -41,12 +41,15 @@ from loopscale.report.style import FULL_WIDTH, r_label
 
 NOT_ID_COLOUR = "#B00020"
 
+_P = ParamSpec("_P")
+_F = TypeVar("_F", bound="Figure | None")
 
-def styled(fn: Callable[..., Figure]) -> Callable[..., Figure]:
+
+def styled(fn: Callable[_P, _F]) -> Callable[_P, _F]:
     """Create the figure inside the report's rc settings."""
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Figure:
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _F:
         with matplotlib.rc_context(style.RC):
             return fn(*args, **kwargs)
 
@@ -83,7 +86,8 @@ class Grid:
         A legend wider than the figure is cut off in the saved files (the iso-FLOP legend with 3 r values
         did that), so columns are dropped until it fits and the strip grows by the rows that adds.
         """
-        kw = {"handles": handles, "columnspacing": 1.0, "handletextpad": 0.5}
+        kw: dict[str, Any] = {"handles": handles, "columnspacing": 1.0, "handletextpad": 0.5}
+        loc: Literal["center", "outside lower center"]
         target, loc = (self.strip, "center") if self.strip is not None else (self.fig, "outside lower center")
         renderer = _renderer(self.fig)
         n = max(1, min(ncols, len(handles)))
@@ -126,6 +130,8 @@ def _grid(n: int, ncols: int, panel_h: float, width: float = FULL_WIDTH, legend_
     strip = _strip_height(legend_rows)
     fig = Figure(figsize=(width, body + strip), layout="constrained")
     gs = None
+    panels: Figure | SubFigure
+    bottom: SubFigure | None
     if legend_rows:  # as fig.subfigures(2, 1), keeping the grid so that the strip can grow
         gs = GridSpec(2, 1, figure=fig, height_ratios=[body, strip], left=0, right=1, bottom=0, top=1)
         panels, bottom = fig.add_subfigure(gs[0, 0]), fig.add_subfigure(gs[1, 0])

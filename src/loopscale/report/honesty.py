@@ -1,6 +1,6 @@
-"""Is phi resolved? The report's headline label comes from ``loopscale.fit.verdict`` (docs/report.md).
+"""Is phi resolved? The report's headline label comes from ``loopscale.fit.inference.verdict`` (docs/report.md).
 
-The rules live in one place, ``loopscale.fit.verdict.phi_verdict``, so `loopscale fit`, `plan`, `report`
+The rules live in one place, ``loopscale.fit.inference.verdict.phi_verdict``, so `loopscale fit`, `plan`, `report`
 and every ``--json`` say the same thing; this module re-exports them and adds the Δφ sentence.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loopscale.fit.verdict import (
+from loopscale.fit.inference.verdict import (
     MAX_CI_WIDTH,
     MAX_UNDETERMINED_SHARE,
     MIN_R2,
@@ -37,7 +37,7 @@ __all__ = [
 
 def delta_phi_reading(d: dict[str, Any]) -> str:
     """One honest sentence for a Delta-phi record of the fit file: the calibrated interval and the test of
-    Delta-phi = 0 when the record has them (fit/inference.py), else the paired percentile interval."""
+    Delta-phi = 0 when the record has them (fit/inference/profile.py), else the paired percentile interval."""
     ci = d.get("ci")
     dphi = finite_or_none(d.get("delta_phi"))
     if dphi is None:

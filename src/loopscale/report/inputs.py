@@ -22,8 +22,8 @@ import numpy as np
 import pandas as pd
 
 from loopscale.errors import ConfigError
-from loopscale.fit import FitSettings, RunsTable, fit_runs, read_fit, write_fit
-from loopscale.fit.table import as_runs, template_from_table
+from loopscale.fit import FitResult, RunsTable, fit_runs, prepare_fit, read_fit, write_fit
+from loopscale.fit.table import as_runs
 
 #: the five evaluation axes of arXiv 2604.21106 §6, in the paper's order.
 AXES: tuple[str, ...] = ("knowledge", "reading", "math", "reasoning", "symbolic")
@@ -126,7 +126,7 @@ def load_inputs(
     runs: Any,
     out_dir: Path,
     *,
-    fit: str | Path | dict[str, Any] | None = None,
+    fit: str | Path | FitResult | dict[str, Any] | None = None,
     axes: str | Path | pd.DataFrame | None = None,
     bootstrap: int | None = None,
     restarts: int | None = None,
@@ -138,18 +138,16 @@ def load_inputs(
     table = as_runs(runs)
     notes: list[str] = []
     if fit is None:
-        settings = FitSettings(template=template_from_table(table.df))
-        if bootstrap is not None:
-            settings.bootstrap = int(bootstrap)
-        if restarts is not None:
-            settings.restarts = int(restarts)
-        if lr_draws is not None:
-            settings.lr_draws = int(lr_draws)
+        given = {"bootstrap": bootstrap, "restarts": restarts, "lr_draws": lr_draws}
+        options: dict[str, Any] = {k: int(v) for k, v in given.items() if v is not None}
+        spec = runs if isinstance(runs, str | Path) else None  # the sweep's [fit] table, as `loopscale fit` reads it
+        settings = prepare_fit(table, spec=spec, **options).settings
         say(f"no fit file given: fitting ({settings.restarts} starts, {settings.bootstrap} resamples)")
         doc = fit_runs(table, settings, progress=say)
         path = write_fit(Path(out_dir) / "fit.json", doc)
         fit_doc, fit_source, computed = read_fit(path), str(path), True
-    elif isinstance(fit, dict):  # e.g. straight from fit_runs: save it, so the page's numbers have a file
+    elif not isinstance(fit, str | Path):  # straight from fit_runs (or its dict): save it, so the page's numbers
+        # have a file
         path = write_fit(Path(out_dir) / "fit.json", fit)
         fit_doc, fit_source, computed = read_fit(path), str(path), False
     else:

@@ -5,7 +5,7 @@ and ``index.html`` print them as they are, so the three never disagree. It alway
 estimand: the reference variant's φ against its own r = 1 runs, and says which r = 1 ran (here the plain
 stack; in the paper's code a loop of one over all blocks). A re-fit against loop-of-one r = 1 controls
 (``V@control``, docs/cpu-scale.md) follows, labelled as a different quantity and never set beside the
-paper's 0.46. The verdicts and the tests' words are ``honesty.phi_verdict``'s (``fit/verdict.py``).
+paper's 0.46. The verdicts and the tests' words are ``honesty.phi_verdict``'s (``fit/inference/verdict.py``).
 """
 
 from __future__ import annotations

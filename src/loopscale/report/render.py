@@ -183,7 +183,8 @@ def headline(ctx: ReportContext) -> dict[str, Any]:
     dphi = [delta_phi_reading(d) + f" ({d['variant']} − {d['reference']})"
             + (f"; {gap}" if (gap := loss_gap_reading(d)) else "") for d in ctx.fit.get("delta_phi") or []]
     warnings = list(dict.fromkeys([*ctx.notes, *v.caveats, *(ctx.fit.get("warnings") or [])]))
-    hs = (vf.checks or {}).get("half_split") or {}
+    no_checks: dict[str, Any] = {}
+    hs = (vf.checks or no_checks).get("half_split") or {}
     if hs.get("phi_difference") is not None and v.resolved and abs(hs["phi_difference"]) > 0.2:
         warnings.append(
             f"φ moves by {hs['phi_difference']:+.2f} between the lower and upper half of the budgets: "

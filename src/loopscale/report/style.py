@@ -8,7 +8,10 @@ has its own marker and line style, so no figure relies on colour alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
 
 # Okabe & Ito (2008), "Color Universal Design": dark to light for the paper's r = 1, 2, 4, 8.
 COLOURS: tuple[str, ...] = ("#000000", "#0072B2", "#009E73", "#E69F00", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442")
@@ -32,7 +35,7 @@ PARAMS = "unique non-embedding parameters N"
 TOKENS_PER_PARAM = "tokens per parameter D/N"
 
 #: matplotlib settings for figures that are read on paper: 9-10 pt text at 7.2 in width, thin grid.
-RC: dict[str, Any] = {
+RC: dict[RcKeyType, Any] = {
     "font.size": 9.5,
     "axes.titlesize": 10,
     "axes.labelsize": 9.5,

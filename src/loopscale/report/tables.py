@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from loopscale.fit.formula import equivalent_N
+from loopscale.fit.law.formula import equivalent_N
 from loopscale.fit.table import r1_anchor
 from loopscale.numbers import MISSING, PHI_DIGITS, count, flops, interval, num, phi_ci, phi_interval, signed
 from loopscale.numbers import phi as phi_txt
@@ -158,7 +158,8 @@ def delta_phi_table(ctx: ReportContext) -> Table | None:
          "Δ val loss, same runs [CI]", "reading"],
         rows,
         "r = 1 runs are shared by every recipe; Δφ = φ(recipe) − φ(reference). Separate fits give each recipe "
-        "its own E, A, α, B, β; the shared law keeps the reference's and moves only φ (fit/shared.py), and its "
+        "its own E, A, α, B, β; the shared law keeps the reference's and moves only φ (fit/inference/shared.py), "
+        "and its "
         "held-out test says whether the data contradict that. Δ val loss: the recipe's loss minus the "
         "reference's on the same looped runs (budget, r, width, seed; t interval over cells). For reference, "
         f"the paper (arXiv 2604.21106) measures φ = {probes['baseline']:.2f} for its baseline, "
@@ -174,8 +175,8 @@ def _shared_cell(sh: dict | None) -> str:
         return "–"
     held = sh.get("held_out") or {}
     bound = ", at its bound" if sh.get("at_bound") else ""
-    reading = {"shared": "not contradicted", "separate": "contradicted: read the separate fits"}.get(
-        held.get("supported"), "not tested")
+    readings: dict[object, str] = {"shared": "not contradicted", "separate": "contradicted: read the separate fits"}
+    reading = readings.get(held.get("supported"), "not tested")
     return f"{signed(float(sh['delta_phi']), PHI_DIGITS)}{bound} ({reading})"
 
 

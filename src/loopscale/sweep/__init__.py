@@ -8,7 +8,7 @@
     df, _ = runs_table(store)                   # the runs table (collect writes CSV + Parquet)
 
 Modules: ``spec`` (format, validation, expansion), ``plan`` and ``calibrate`` (planner),
-``store`` (run dirs and statuses), ``execute`` (one run with its bookkeeping), ``executor`` (the
+``store`` (run dirs and statuses), ``attempt`` (one attempt of a run with its bookkeeping), ``executor`` (the
 executors' interface and registry), ``local`` and ``slurm`` (executors), ``progress``, ``collect``.
 The format and the statuses are in docs/sweep.md; a new executor in docs/extending.md.
 """

@@ -1,7 +1,9 @@
-"""The runs table: one row per run with a result.json, in plan order (docs/guide.md, runs-table schema).
+"""The runs table: one row per run with a result.json, in plan order (docs/sweep.md, "The runs table").
 
 Grid coordinates (run_id, variant, seed, C) come from the sweep's plan (``sweep.json``); accounting
 and losses come from each run's ``result.json`` — the trainer writes them from ``loopscale.accounting``.
+The columns and their dtypes are ``loopscale.record``'s: the pinned lead (``record.PINNED``, the order
+runs.csv has always had), then every other scalar field of ``RunRecord`` in field order.
 The fit reads ``r, N_once, N_rec, D, val_loss`` and uses ``C, variant, run_id, status``; the template
 columns (vocab_size, head_dim, L_eff, ...) let it rebuild the accounting for other widths.
 """
@@ -12,14 +14,14 @@ import io
 from pathlib import Path
 from typing import Any
 
+from loopscale import record
 from loopscale.io import atomic_write_bytes, atomic_write_text
 from loopscale.sweep.store import SweepStore
 
-COLUMNS: tuple[str, ...] = ("run_id", "variant", "seed", "C", "r", "d_model", "n_prelude", "n_recur", "n_coda",
-                            "N_once", "N_rec", "D", "val_loss", "flops_per_token", "status", "wall_s", "error")
-EXTRA: tuple[str, ...] = ("val_loss_se", "val_bpb", "L_eff", "layout", "injection", "bptt_k", "seq_len", "batch_size",
-                          "steps", "flops", "tokens_per_param", "N_emb", "N_total", "vocab_size", "vocab_multiple",
-                          "head_dim", "mlp_ratio", "hc_lanes", "attempts")
+COLUMNS: tuple[str, ...] = record.LEAD
+"""The lead columns the fit and the report rely on."""
+EXTRA: tuple[str, ...] = record.runs_table_columns()[len(COLUMNS):]
+"""Every column after ``COLUMNS``, ``attempts`` and the record's later fields included."""
 
 
 def runs_table(store: SweepStore) -> tuple[Any, dict[str, int]]:
@@ -33,6 +35,8 @@ def runs_table(store: SweepStore) -> tuple[Any, dict[str, int]]:
     missing: dict[str, int] = {}
     if store.unreadable_plans():
         missing["corrupt"] = len(store.unreadable_plans())
+    columns = record.runs_table_columns()
+    from_record = [c for c in columns if c not in record.GRID and c != record.ATTEMPTS]
     for rs in store.planned():
         st = store.state(rs.run_id)
         if st.result is None:
@@ -40,18 +44,16 @@ def runs_table(store: SweepStore) -> tuple[Any, dict[str, int]]:
             continue
         res = st.result
         row: dict[str, Any] = {"run_id": rs.run_id, "variant": rs.variant, "seed": rs.seed, "C": rs.C}
-        for col in COLUMNS[4:] + EXTRA:
+        for col in from_record:
             row[col] = res.get(col)
-        row["status"] = res.get("status")
         row["error"] = (res.get("error") or "") if res.get("status") != "ok" else ""
-        row["attempts"] = st.attempts.get("attempts", 0)
+        row[record.ATTEMPTS] = st.attempts.get("attempts", 0)
         rows.append(row)
-    df = pd.DataFrame(rows, columns=list(COLUMNS + EXTRA))
-    for col in ("r", "d_model", "n_prelude", "n_recur", "n_coda", "N_once", "N_rec", "seed", "attempts"):
-        df[col] = pd.to_numeric(df[col], errors="coerce").astype("Int64")
-    for col in ("C", "D", "val_loss", "val_loss_se", "val_bpb", "flops_per_token", "wall_s", "flops",
-                "tokens_per_param"):
-        df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
+    df = pd.DataFrame(rows, columns=list(columns))
+    for col in columns:
+        dtype = record.table_dtype(col)
+        if dtype is not None:
+            df[col] = pd.to_numeric(df[col], errors="coerce").astype(dtype)
     return df, missing
 
 

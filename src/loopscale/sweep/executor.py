@@ -83,7 +83,7 @@ class SweepJob:
 
 
 class Executor(ABC):
-    """Trains (or submits) a sweep's runs. Every executor goes through ``execute.execute_run`` for each run
+    """Trains (or submits) a sweep's runs. Every executor goes through ``attempt.execute_run`` for each run
     (lock, attempts, failure records), so results never depend on the executor."""
 
     #: the registered name (``--executor``, the spec's table)
@@ -99,7 +99,7 @@ class Executor(ABC):
     def launch(self, job: SweepJob) -> None:
         """Train or submit every runnable run of ``job``, reporting on ``job.console``.
 
-        Finished runs are skipped and interrupted ones resume (``execute.runnable``); raise SweepIncomplete
+        Finished runs are skipped and interrupted ones resume (``attempt.runnable``); raise SweepIncomplete
         when runs failed, SweepBusy when another process holds some, SubmitFailed when a scheduler refused.
         """
 

@@ -35,7 +35,7 @@ from rich.console import Console
 
 from loopscale.config import StrictModel
 from loopscale.signals import STOP, StopSignals
-from loopscale.sweep.execute import execute_run, runnable, tidy_finished_run
+from loopscale.sweep.attempt import execute_run, runnable, tidy_finished_run
 from loopscale.sweep.executor import Executor, SweepBusy, SweepIncomplete, SweepJob
 from loopscale.sweep.progress import SweepProgress, duration
 from loopscale.sweep.store import SweepStore, last_step
@@ -267,9 +267,12 @@ def _run_in_process(store: SweepStore, queue: collections.deque, summary: Summar
                 continue
             prog.start_run(rid, flops[rid], steps[rid], store.state(rid).step or 0)
             outcome = "interrupted"
+
+            def on_step(s: int, t: int, rid: str = rid) -> None:
+                prog.step(rid, s, t)
+
             try:
-                outcome = execute_run(store, rid, max_retries=max_retries,
-                                      on_step=lambda s, t, rid=rid: prog.step(rid, s, t))
+                outcome = execute_run(store, rid, max_retries=max_retries, on_step=on_step)
             finally:
                 prog.end_run(rid, outcome, _message(store, rid, outcome))
             if outcome == "retry":
@@ -522,7 +525,7 @@ def _outcome_after_worker(store: SweepStore, run_id: str, code: int, max_retries
     if st.status == "running":
         return "busy"
     # the worker died without a record (killed, out of memory, segfault): count it as a failure
-    from loopscale.sweep.execute import record_failure
+    from loopscale.sweep.attempt import record_failure
 
     tail = ""
     log = store.run_dir(run_id) / "worker.log"

@@ -26,7 +26,9 @@ class SweepProgress:
         self._p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
                            TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=True,
                            disable=not enabled)
-        self._overall = self._p.add_task("sweep", total=self.total_flops, completed=done_flops,
+        # rich annotates add_task's ``completed`` as int; the task keeps it as a float (as update() takes it)
+        self._overall = self._p.add_task("sweep", total=self.total_flops,
+                                         completed=done_flops,  # type: ignore[arg-type]
                                          info=self._info())
         # run_id -> (bar, planned FLOPs, total steps, FLOPs credited so far)
         self._runs: dict[str, tuple[TaskID, float, int, float]] = {}

@@ -42,7 +42,7 @@ def serve(sweep_dir: str, max_retries: int) -> None:
     control = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # stray prints between runs must not reach the control channel
     from loopscale.signals import worker_process
-    from loopscale.sweep.execute import execute_run
+    from loopscale.sweep.attempt import execute_run
     from loopscale.sweep.store import open_store
     from loopscale.train import RunInterrupted
 

@@ -46,11 +46,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import submitit
 from pydantic import Field, field_validator
 
-from loopscale.config import StrictModel, validate
+from loopscale.config import StrictModel
 from loopscale.errors import ConfigError, LoopscaleError
 from loopscale.io import append_jsonl
 from loopscale.signals import StopSignals
-from loopscale.sweep.execute import execute_run, runnable
+from loopscale.sweep.attempt import execute_run, runnable
 from loopscale.sweep.executor import Executor, SubmitFailed, SweepJob
 from loopscale.sweep.store import SweepStore
 
@@ -118,11 +118,6 @@ def _strings(value: Any) -> list[str]:
     if isinstance(value, list | tuple):
         return [t for v in value for t in _strings(v)]
     return []
-
-
-def settings_from_spec(table: dict[str, Any], source: str, **overrides: Any) -> SlurmSettings:
-    data = {**table, **{k: v for k, v in overrides.items() if v is not None}}
-    return validate(SlurmSettings, data, source=source, prefix="slurm")
 
 
 def resources(flops: float, s: SlurmSettings, flops_per_s: float | None = None) -> dict[str, Any]:

@@ -35,9 +35,10 @@ from typing import Any, Literal
 from pydantic import Field
 
 from loopscale.config import ModelConfig, StrictModel, apply_overrides, load_mapping, validate
+from loopscale.config.train import TrainConfig, train_config_from_dict
 from loopscale.errors import ConfigError
+from loopscale.fit.settings import FitTable
 from loopscale.sweep import executor
-from loopscale.train.config import TrainConfig, train_config_from_dict
 
 BASELINE = "baseline"
 _SET_BY_SWEEP = {"model": ("r", "d_model", "s"), "run": ("budget", "tokens", "steps", "seed")}
@@ -52,13 +53,6 @@ class Checks(StrictModel):
     max_tokens_per_param: float = Field(1000.0, gt=0, description="warn above (far past compute-optimal)")
     max_run_hours: float | None = Field(None, gt=0, description="warn when a run's estimate exceeds this")
     budget_tolerance: float = Field(0.05, gt=0, description="warn when whole steps miss C by more")
-
-
-class FitTable(StrictModel):
-    """``[fit]``: how ``loopscale demo`` fits this sweep (``loopscale fit`` takes the same as options)."""
-
-    loss: Literal["huber", "mse"] = Field("huber", description="objective (the paper's: huber)")
-    delta: float = Field(1e-3, gt=0, description="Huber delta in log space (the paper's: 1e-3)")
 
 
 class SweepTable(StrictModel):
@@ -224,14 +218,14 @@ class SweepSpec:
 
 # ---- loading ---------------------------------------------------------------------------------
 def presets() -> list[str]:
-    """Names of the specs shipped inside the package (``src/loopscale/configs/<name>.toml``)."""
-    folder = resources.files("loopscale") / "configs"
+    """Names of the specs shipped inside the package (``src/loopscale/presets/<name>.toml``)."""
+    folder = resources.files("loopscale") / "presets"
     return sorted(f.name.removesuffix(".toml") for f in folder.iterdir() if f.name.endswith(".toml"))
 
 
 def preset_path(name: str) -> Path:
     """A spec shipped with loopscale (e.g. ``demo``, ``paper``), found through the installed package."""
-    res = resources.files("loopscale") / "configs" / f"{name}.toml"
+    res = resources.files("loopscale") / "presets" / f"{name}.toml"
     with resources.as_file(res) as p:
         return Path(p)
 
@@ -385,7 +379,7 @@ def _check_r1_model(table: SweepTable, train: dict[str, Any], source: str) -> No
 
 def _base_model(train: dict[str, Any], source: str) -> ModelConfig:
     """The baseline [train.model] at its smallest legal width (for head_dim, depth and rule templates)."""
-    from loopscale.train.config import DEFAULT_MODEL
+    from loopscale.config.train import DEFAULT_MODEL
 
     model = dict(train.get("model") or {})
     head = model.get("head_dim", DEFAULT_MODEL["head_dim"])
@@ -535,7 +529,8 @@ def _rule_widths(rule: WidthRule, table: SweepTable, base: ModelConfig, source: 
     """k widths (multiples of ``step``) nearest in log-width to the law's optimum per budget."""
     import numpy as np
 
-    from loopscale.fit import JointLaw, law_frontier
+    from loopscale.fit.allocation import law_frontier
+    from loopscale.fit.law.joint import JointLaw
     from loopscale.fit.paper import PAPER_COEFFICIENTS
 
     scale = 64 if rule.unit == "s" else 1
@@ -547,8 +542,7 @@ def _rule_widths(rule: WidthRule, table: SweepTable, base: ModelConfig, source: 
     if rule.coefficients == "paper":
         theta = JointLaw.from_params(**PAPER_COEFFICIENTS).theta_
     else:
-        from loopscale.fit import read_fit
-        from loopscale.fit.analysis import law_from_fit
+        from loopscale.fit.fitfile import law_from_fit, read_fit
 
         p = Path(rule.coefficients)
         if not p.is_absolute() and base_dir is not None:
@@ -565,7 +559,11 @@ def _rule_widths(rule: WidthRule, table: SweepTable, base: ModelConfig, source: 
             centre = opt[r] if rule.per_r else math.exp(float(np.mean(np.log(list(opt.values())))))
             m0 = max(1, round(centre / step))
             cands = [m * step for m in range(max(1, m0 - rule.k - 1), m0 + rule.k + 2) if m * step >= lo]
-            cands.sort(key=lambda d, centre=centre: (abs(math.log(d / centre)), d))
+
+            def nearest(d: int, centre: float = centre) -> tuple[float, int]:
+                return abs(math.log(d / centre)), d
+
+            cands.sort(key=nearest)
             out[(c, r)] = sorted(cands[: rule.k])
     return out
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import socket
 import time
@@ -40,9 +39,10 @@ from typing import Any
 from loopscale import locks
 from loopscale.errors import ConfigError
 from loopscale.io import append_jsonl, atomic_write_json, atomic_write_text
+from loopscale.record import RESULT
+from loopscale.record import record_problem as result_problem  # what makes a result.json unusable
 from loopscale.sweep.spec import RunSpec
 
-RESULT = "result.json"
 META = "sweep.json"
 ATTEMPTS = "attempts.json"
 QUEUED = "queued.json"
@@ -66,33 +66,6 @@ def _load_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     if not isinstance(data, dict):
         return None, f"unreadable (a JSON {type(data).__name__}, not an object)"
     return data, None
-
-
-RESULT_STATUSES = ("ok", "diverged", "failed")
-
-
-def result_problem(doc: dict[str, Any]) -> str | None:
-    """What makes a result.json unusable ("field: expected ..., got ..."), or None.
-
-    A result the fit would silently read as NaN (a string loss, a negative token count) is a corrupt run that
-    ``collect`` and ``sweep status`` name, not a row with holes."""
-    status = doc.get("status")
-    if status not in RESULT_STATUSES:
-        return f"status: expected one of {', '.join(RESULT_STATUSES)}, got {_short(status)}"
-    if status != "ok":
-        return None
-    for field, lowest in (("val_loss", None), ("r", 1), ("N_once", 0), ("N_rec", 0), ("D", 0)):
-        v = doc.get(field)
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-            return f"{field}: expected a finite number, got {_short(v)}"
-        if lowest is not None and (v < lowest or (field == "D" and v <= 0)):
-            return f"{field}: expected {'> 0' if field == 'D' else f'>= {lowest}'}, got {_short(v)}"
-    return None
-
-
-def _short(v: Any) -> str:
-    text = repr(v)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 @dataclass
@@ -164,7 +137,7 @@ class SweepStore:
         if state.result is None or self.live_lock(run_id) is not None:
             return False
         if self._last_events is None or self._last_events.get(run_id) == "start":
-            self._last_events = {e.get("run_id"): e.get("event") for e in self.events()}
+            self._last_events = {str(e.get("run_id")): str(e.get("event")) for e in self.events()}
         if self._last_events.get(run_id) != "start":
             return False
         self.event(state.status, run_id, val_loss=state.result.get("val_loss"), wall_s=state.result.get("wall_s"),

@@ -18,13 +18,13 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
+from loopscale.config.data import DataConfig
 from loopscale.data import cache, sources
-from loopscale.data.config import DataConfig
 from loopscale.data.tokenizer import Tokenizer
 from loopscale.errors import ConfigError
 from loopscale.io import cache_dir
@@ -96,7 +96,7 @@ def make_tokenizer(cfg: DataConfig) -> Tokenizer:
 def _files_signature(cfg: DataConfig) -> list:
     """Sizes and mtimes of the user's files (and the tokenizer), so edited data invalidates the cache."""
 
-    sig = []
+    sig: list[Any] = []
     if cfg.source != "default":
         for field, paths in (("data.paths", cfg.paths), ("data.val_paths", cfg.val_paths)):
             if paths:
@@ -180,23 +180,26 @@ def _user_streams(cfg: DataConfig, tokenizer: Tokenizer):
         return docs(files) if mask is None else _select(docs(files), mask, False)
 
     def val_src() -> Iterator[str | np.ndarray]:
-        return docs(val_files) if val_files else _select(docs(files), mask, True)
+        if val_files:
+            return docs(val_files)
+        assert mask is not None  # no val_paths: the hold-out mask was drawn above
+        return _select(docs(files), mask, True)
     encode = _encoder(tokenizer)
     h = hashlib.sha256()
 
     def train() -> Iterator[Any]:
         it = train_src()
         if not shards and cfg.max_tokens is not None:
-            it = _cap_text(it, cfg.max_tokens)
+            it = _cap_text(cast(Iterator[str], it), cfg.max_tokens)  # text sources yield str documents
         for d in it:
             h.update(_doc_bytes(d))
-            yield d if shards else encode(d)
+            yield d if shards else encode(cast(str, d))
 
     def val() -> Iterator[Any]:
         h.update(b"\x00val")
         for d in val_src():
             h.update(_doc_bytes(d))
-            yield d if shards else encode(d)
+            yield d if shards else encode(cast(str, d))
 
     if shards:
         fits = bos < 2**16 and all(sources.shard_layout(f, cfg.shard_dtype)[0].itemsize == 2

@@ -19,22 +19,24 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
 
 import torch
 
 from loopscale import accounting, memory
+from loopscale.config.train import TrainConfig
 from loopscale.errors import ConfigError, LoopscaleError
 from loopscale.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl
 from loopscale.model import LoopedLM, cpu_kernels
 from loopscale.optim import build_optimizers
+from loopscale.record import RunRecord
 from loopscale.signals import STOP_OR_WARN, StopSignals, second_ctrl_c_stops_at_once
 from loopscale.train import checkpoint as ck
 from loopscale.train import rundir
 from loopscale.train.batches import TokenData, load_token_data
 from loopscale.train.compiling import compile_for_training, resolved_mode
-from loopscale.train.config import TrainConfig
 from loopscale.train.hardware import (
     autocast,
     hardware_info,
@@ -249,8 +251,9 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, progress: bool = True,
         _prepare_dir(run_dir, cfg, dist.is_main)
     try:
         with _named(source):
-            return _train(cfg, run_dir, total_steps, dist, device, threads, t_start, (progress, progress_every),
-                          on_step, data)
+            ctx = RunContext(cfg, run_dir, total_steps, dist, device, threads, t_start, data, progress=progress,
+                             progress_every=progress_every, on_step=on_step)
+            return _train(ctx).dump()
     except (RunInterrupted, KeyboardInterrupt):
         raise
     except LoopscaleError:
@@ -276,10 +279,10 @@ def _record_failure(run_dir: Path, cfg: TrainConfig, exc: Exception, t_start: fl
     if is_main:
         if prepare:
             _prepare_dir(run_dir, cfg, is_main)
-        record = {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
-                  "traceback": traceback.format_exc(), **result_fields(cfg),
-                  "wall_s": time.time() - t_start, "versions": versions()}
-        atomic_write_json(run_dir / RESULT, record)
+        record = RunRecord(status="failed", error=f"{type(exc).__name__}: {exc}",
+                           traceback=traceback.format_exc(), **result_fields(cfg),
+                           wall_s=time.time() - t_start, versions=versions())
+        atomic_write_json(run_dir / RESULT, record.dump())
     raise TrainingFailed(f"{run_dir}: run failed: {type(exc).__name__}: {exc}") from exc
 
 
@@ -480,13 +483,43 @@ def _resume(run_dir: Path, model: torch.nn.Module, opt: Any, is_main: bool) -> t
     return start, float(extra.get("wall_s", 0.0)), float(extra.get("train_loss", math.nan))
 
 
-def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device: torch.device,
-           threads: int, t_start: float, progress_opts: tuple[bool, int | None], on_step: Any,
-           data: TokenData) -> dict[str, Any]:
+@dataclass
+class RunContext:
+    """One session of a run as ``train`` set it up (the config, its dir and length, processes, device, threads,
+    data, progress), handed once to ``_train`` and ``_result``."""
+
+    cfg: TrainConfig
+    run_dir: Path
+    total_steps: int
+    dist: Any
+    device: torch.device
+    threads: int
+    t_start: float  # when the run started: this session's start, less earlier sessions' wall time after a resume
+    data: TokenData
+    progress: bool = True
+    progress_every: int | None = None
+    on_step: Any = None
+
+
+class Outcome(NamedTuple):
+    """How the loop ended: the status, the final estimate, the last training loss, the steps done, and how the
+    session ran (validation tokens, autocast dtype, compile mode, micro-batches)."""
+
+    status: str
+    final: ValStats
+    train_loss: float
+    steps: int
+    val_tokens: int
+    dtype: str
+    compile_mode: Any
+    plan: memory.MicroBatches
+
+
+def _train(ctx: RunContext) -> RunRecord:
     """The loop: steps (``train_step``), metrics and validation, checkpoints and signals, then the final
     evaluation and result.json (``_result``, ``_write_result``)."""
-    run = cfg.run
-    progress, progress_every = progress_opts
+    cfg, run_dir, dist, device, data = ctx.cfg, ctx.run_dir, ctx.dist, ctx.device, ctx.data
+    total_steps, run, on_step = ctx.total_steps, cfg.run, ctx.on_step
     batching = Batching.for_run(cfg, device, dist.world)
     val_rows = data.val_rows(run.val_tokens)
     if dist.is_main and val_rows.shape[0] * cfg.model.seq_len < run.val_tokens:
@@ -497,7 +530,8 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
     tokens_per_step = cfg.tokens_per_step
     model, opt = _model_and_optimizers(cfg, device)
     start, wall_before, last_loss = _resume(run_dir, model, opt, dist.is_main)
-    t_start -= wall_before
+    ctx.t_start -= wall_before
+    t_start = ctx.t_start
     ddp = None
     if dist.world > 1:
         ddp = torch.nn.parallel.DistributedDataParallel(
@@ -513,7 +547,7 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
     validator = Validator(model, val_rows, micro_batch=batching.val_micro, device=device, dtype=dtype,
                           world=dist.world, rank=dist.rank)
 
-    bar = _progress_bar(progress and dist.is_main, total_steps, start, run_dir.name, every=progress_every,
+    bar = _progress_bar(ctx.progress and dist.is_main, total_steps, start, run_dir.name, every=ctx.progress_every,
                         tokens_per_step=tokens_per_step)
     tracker = make_tracker(run.track if dist.is_main else "none", run_dir, cfg.as_toml_dict())
     status, final = "ok", ValStats(float("nan"), float("nan"), None)
@@ -577,14 +611,13 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
                              "val_bpb": final.bpb})
         tracker.close()
     compiled = getattr(train_model, "mode", resolved_mode(run.compile, device))
-    result = _result(cfg, status, final, last_loss, done_steps, total_steps, validator.tokens, t_start, dtype,
-                     dist.world, device, data, threads, compiled, batching.plan)
+    result = _result(ctx, Outcome(status, final, last_loss, done_steps, validator.tokens, dtype, compiled,
+                                  batching.plan))
     if measured is not None:  # CUDA: what the allocator saw, beside the prediction (training, then validation)
-        result["measured_peak_bytes"] = measured
-        result["measured_val_peak_bytes"] = _measured_peak(device) if status == "ok" else None
+        result.measured_peak_bytes = measured
+        result.measured_val_peak_bytes = _measured_peak(device) if status == "ok" else None
     if status == "diverged":
-        result["error"] = (f"loss {last_loss:.4g} at step {result['steps']} (non-finite or above "
-                           f"{diverge_at:.3g})")
+        result.error = f"loss {last_loss:.4g} at step {result.steps} (non-finite or above {diverge_at:.3g})"
     if dist.is_main:
         _write_result(run_dir, result, model, keep_checkpoint=cfg.run.keep_checkpoint)
     if dist.world > 1:
@@ -592,49 +625,48 @@ def _train(cfg: TrainConfig, run_dir: Path, total_steps: int, dist: Any, device:
     return result
 
 
-def _write_result(run_dir: Path, result: dict[str, Any], model: torch.nn.Module, *, keep_checkpoint: bool) -> None:
+def _write_result(run_dir: Path, result: RunRecord, model: torch.nn.Module, *, keep_checkpoint: bool) -> None:
     """The run's end on disk: weights and the final metrics line (status ok), then result.json, which marks
     the run finished, last; then the checkpoint goes (unless kept)."""
-    if result["status"] == "ok":
+    if result.status == "ok":
         ck.save_weights(run_dir, model)
-        append_jsonl(run_dir / METRICS, {"step": result["steps"], "tokens": result["D"], "val_loss": result["val_loss"],
-                                         "val_bpb": result["val_bpb"], "final": True})
-    atomic_write_json(run_dir / RESULT, result)
+        append_jsonl(run_dir / METRICS, {"step": result.steps, "tokens": result.D, "val_loss": result.val_loss,
+                                         "val_bpb": result.val_bpb, "final": True})
+    atomic_write_json(run_dir / RESULT, result.dump())
     if not keep_checkpoint:
         (run_dir / ck.CKPT).unlink(missing_ok=True)
 
 
-def _result(cfg: TrainConfig, status: str, final: ValStats, last_loss: float, steps_done: int, total_steps: int,
-            val_tokens: int, t_start: float, dtype: str, world: int, device: torch.device, data: TokenData,
-            threads: int, compile_mode: Any, plan: memory.MicroBatches) -> dict[str, Any]:
+def _result(ctx: RunContext, end: Outcome) -> RunRecord:
     """result.json's record (the runs table's columns): the final estimate, the tokens and FLOPs, the setup."""
+    cfg, final = ctx.cfg, end.final
     f_token = accounting.train_flops_per_token(cfg.model)
-    tokens = steps_done * cfg.tokens_per_step
-    ok = status == "ok"
-    return {
-        "status": status,
-        "val_loss": final.loss if ok else None,
-        "val_loss_se": final.se if ok and math.isfinite(final.se) else None,
-        "val_bpb": final.bpb if ok else None,
-        "train_loss": last_loss,
-        "steps": steps_done,
-        "total_steps": total_steps,
-        "D": tokens,
-        "C": cfg.run.budget if cfg.run.budget else tokens * f_token,
-        "flops": tokens * f_token,
-        "val_tokens": val_tokens,
+    tokens = end.steps * cfg.tokens_per_step
+    ok = end.status == "ok"
+    return RunRecord(
+        status=end.status,
+        val_loss=final.loss if ok else None,
+        val_loss_se=final.se if ok and math.isfinite(final.se) else None,
+        val_bpb=final.bpb if ok else None,
+        train_loss=end.train_loss,
+        steps=end.steps,
+        total_steps=ctx.total_steps,
+        D=tokens,
+        C=cfg.run.budget if cfg.run.budget else tokens * f_token,
+        flops=tokens * f_token,
+        val_tokens=end.val_tokens,
         **result_fields(cfg),
-        "tokens_per_param": tokens / (accounting.N_unique(cfg.model)),
-        "wall_s": time.time() - t_start,
-        "dtype": dtype,
-        "world_size": world,
-        "hardware": hardware_info(device),
-        "versions": versions(),
-        "data_fingerprint": data.fingerprint,
-        "threads": threads,
-        "compile": compile_mode,
-        **plan.record(),
-    }
+        tokens_per_param=tokens / (accounting.N_unique(cfg.model)),
+        wall_s=time.time() - ctx.t_start,
+        dtype=end.dtype,
+        world_size=ctx.dist.world,
+        hardware=hardware_info(ctx.device),
+        versions=versions(),
+        data_fingerprint=ctx.data.fingerprint,
+        threads=ctx.threads,
+        compile=end.compile_mode,
+        **end.plan.record(),
+    )
 
 
 def micro_batches(cfg: TrainConfig, device: torch.device, world: int = 1) -> memory.MicroBatches:

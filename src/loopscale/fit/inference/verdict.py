@@ -9,7 +9,7 @@ Two halves, both about the same question:
 * :func:`phi_verdict` reads a fit file's record of one variant and returns the label and every
   reason that applies. "Resolved" certifies this much and no more: the fit is sound (none of the
   reasons below) and the calibrated interval (``inference.phi.ci``: profile likelihood with a
-  wild-bootstrap critical value, ``fit/inference.py``; the percentile bootstrap's for fit files written
+  wild-bootstrap critical value, ``fit/inference/profile.py``; the percentile bootstrap's for fit files written
   before it) is narrower than ``MAX_CI_WIDTH``. Reasons (any one -> "not resolved"):
 
   - no r > 1 runs (phi undetermined)                            -> not resolved
@@ -194,7 +194,7 @@ def phi_verdict(fit: Any, variant: str | None = None) -> Verdict:
     law = rec.law
     phi = rec.phi
     boot = rec.bootstrap
-    inf = rec.inference or {}
+    inf: Any = rec.inference or {}
     inf_phi = inf.get("phi") or {}
     if inf_phi.get("ci") is not None:
         level = float(inf_phi.get("level") or res.ci_level)
@@ -227,7 +227,7 @@ def phi_verdict(fit: Any, variant: str | None = None) -> Verdict:
     if law.converged is False:
         reasons.append(f"the optimiser did not converge ({law.message or 'no message'})")
     near = [m for m in law.minima if m.get("near_optimal")]
-    phis = [finite_or_none(m["params"].get("phi")) for m in near if finite_or_none(m["params"].get("phi")) is not None]
+    phis = [x for x in (finite_or_none(m["params"].get("phi")) for m in near) if x is not None]
     if len(phis) > 1 and max(phis) - min(phis) > MINIMA_PHI_SPREAD:
         reasons.append(
             f"{len(phis)} near-optimal minima (within 1% of the best objective) disagree on φ "
@@ -284,7 +284,7 @@ def _pair(x: Any) -> tuple[float, float] | None:
     return (lo, hi) if lo == lo and hi == hi else None
 
 
-def fit_caveats(rec: Any, inf: dict[str, Any]) -> list[str]:
+def fit_caveats(rec: Any, inf: Any) -> list[str]:
     """What the whole fit says beyond phi's interval: coefficients at their box, A undetermined, draws that
     break the data rule, r = 1 runs fitting far worse than the looped ones, an interval in pieces."""
     out: list[str] = []
@@ -300,7 +300,7 @@ def fit_caveats(rec: Any, inf: dict[str, Any]) -> list[str]:
         out.append(f"in {share:.0%} of the wild-bootstrap refits a coefficient sits at its box bound: the law's "
                    "other coefficients are poorly pinned at this scale")
     boot = rec.bootstrap
-    at = boot.model_extra.get("at_bounds") if boot.model_extra else None
+    at = boot.at_bounds or None
     if at and boot.n:
         named = ", ".join(f"{k} {n}" for k, n in sorted(at.items(), key=lambda kv: -kv[1]) if n)
         if named and max(at.values()) / boot.n > MAX_AT_BOUNDS_SHARE:
@@ -309,12 +309,12 @@ def fit_caveats(rec: Any, inf: dict[str, Any]) -> list[str]:
     if a_ci and a_ci[0] > 0 and a_ci[1] > 0 and np.log10(a_ci[1] / a_ci[0]) > MAX_A_DECADES:
         out.append(f"A's interval spans {np.log10(a_ci[1] / a_ci[0]):.0f} orders of magnitude (A and α trade off): "
                    "the size term is not determined, only its effect on the runs fitted")
-    broken = boot.model_extra.get("data_rule_draws") if boot.model_extra else None
+    broken = boot.data_rule_draws or None
     if broken and boot.n and (broken.get("no_r1") or broken.get("missing_r")):
         out.append(f"of the block bootstrap's {boot.n} draws, {broken.get('no_r1', 0)} have no r = 1 cell and "
                    f"{broken.get('missing_r', 0)} lack some r: its percentile interval (secondary) rests partly on "
                    "tables that cannot identify φ")
-    rm = {int(k): finite_or_none(v) for k, v in (rec.metrics.rmse_per_r or {}).items() if finite_or_none(v) is not None}
+    rm = {int(k): x for k, v in (rec.metrics.rmse_per_r or {}).items() if (x := finite_or_none(v)) is not None}
     looped = [v for k, v in rm.items() if k > 1]
     if 1 in rm and looped and rm[1] > MAX_R1_RMSE_RATIO * max(looped):
         out.append(f"the r = 1 runs fit {rm[1] / max(looped):.1f}× worse than the looped ones (RMSE {rm[1]:.3f} vs "

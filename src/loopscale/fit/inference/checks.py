@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from loopscale.fit.law import JointLaw
+from loopscale.fit.law.joint import JointLaw
+from loopscale.fit.law.variants import LawVariant
 from loopscale.fit.table import RunsTable, budget_values
 
 
@@ -43,7 +44,7 @@ def _errors(law: JointLaw, runs: RunsTable) -> dict[str, Any]:
     }
 
 
-def extrapolation(law: JointLaw, runs: RunsTable, restarts: int = 100) -> dict[str, Any] | None:
+def extrapolation(law: JointLaw | LawVariant, runs: RunsTable, restarts: int = 100) -> dict[str, Any] | None:
     """Fit every budget below the highest; predict the runs at the highest budget."""
     if not runs.has_budget:
         return None
@@ -63,7 +64,7 @@ def extrapolation(law: JointLaw, runs: RunsTable, restarts: int = 100) -> dict[s
     return out
 
 
-def leave_one_r_out(law: JointLaw, runs: RunsTable, restarts: int = 100) -> dict[str, Any]:
+def leave_one_r_out(law: JointLaw | LawVariant, runs: RunsTable, restarts: int = 100) -> dict[str, Any]:
     """For each r: fit the other r values, predict this one.
 
     Needs three or more r values: with two, each refit sees a single r, where phi is undetermined (r = 1
@@ -82,7 +83,7 @@ def leave_one_r_out(law: JointLaw, runs: RunsTable, restarts: int = 100) -> dict
     return out
 
 
-def half_split(law: JointLaw, runs: RunsTable, restarts: int = 100) -> dict[str, Any] | None:
+def half_split(law: JointLaw | LawVariant, runs: RunsTable, restarts: int = 100) -> dict[str, Any] | None:
     """phi from the lower and from the upper half of the budgets."""
     if not runs.has_budget:
         return None
@@ -115,7 +116,8 @@ def held_out(extrap: dict[str, Any] | None, lor: dict[str, Any]) -> dict[str, fl
     return {"extrapolation_rmse": None if extrap is None else extrap["rmse"], "leave_one_r_out_rmse": pooled}
 
 
-def run_checks(law: JointLaw, runs: RunsTable, restarts: int = 100, *, split: bool = True) -> dict[str, Any]:
+def run_checks(law: JointLaw | LawVariant, runs: RunsTable, restarts: int = 100, *,
+               split: bool = True) -> dict[str, Any]:
     """Every check of one law; ``split = False`` skips the half split (restricted fits: phi is fixed)."""
     extrap, lor = extrapolation(law, runs, restarts), leave_one_r_out(law, runs, restarts)
     return {

@@ -6,7 +6,7 @@ comes from comparing cells. Resampling whole cells with replacement keeps that s
 is what the paper did (200 resamples, 2.5/97.5 percentiles).
 
 A resample is a vector of multiplicities over the runs, so every refit is the *same* data with
-other weights: all draws are fitted together by the batched optimiser (``loopscale.fit.optimiser``). Each draw starts
+other weights: all draws are fitted together by the batched optimiser (``loopscale.fit.law.solver``). Each draw starts
 from the main optimum and the other distinct minima the main fit found (warm starts), plus a few
 fresh random starts from the paper's box (so a draw whose optimum moved to another basin can still
 find it). :func:`restart_check` compares this with full restarts on a few draws: the warm-started
@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loopscale.fit.formula import N_THETA, PHI, LawData
-from loopscale.fit.optimiser import Bounds, Screen, lm_batch, multistart, polish_lbfgsb, single_thread
+from loopscale.fit.law.formula import N_THETA, PHI, LawData
+from loopscale.fit.law.solver import Bounds, Screen, lm_batch, multistart, polish_lbfgsb, single_thread
+from loopscale.fit.paper import PAPER_HUBER_DELTA, PAPER_LOSS, PAPER_RESTARTS
 
 
 def cell_counts(n_cells: int, n_draws: int, rng: np.random.Generator) -> np.ndarray:
@@ -60,8 +61,8 @@ def refit_batch(
     *,
     bounds: Bounds,
     fixed_phi: float | None = None,
-    loss: str = "huber",
-    delta: float = 1e-3,
+    loss: str = PAPER_LOSS,
+    delta: float = PAPER_HUBER_DELTA,
     random_starts: int = 8,
     seed: int | np.random.Generator = 0,
     progress: Callable[[int, int], None] | None = None,
@@ -70,7 +71,7 @@ def refit_batch(
 
     Starts per draw: the ``warm`` points (k, 6) and ``random_starts`` uniform points of the box.
     The batched Levenberg-Marquardt stage runs every start (on the design points when the table is
-    large: ``optimiser.Screen``); the best start of each draw is polished by L-BFGS-B on the exact objective
+    large: ``solver.Screen``); the best start of each draw is polished by L-BFGS-B on the exact objective
     over every run. Chunks keep memory bounded (10,000 runs: ~0.3 GB instead of 3.4 GB);
     ``progress(done, B)`` is called after each draw.
     """
@@ -120,10 +121,10 @@ def restart_check(
     *,
     bounds: Bounds,
     fixed_phi: float | None = None,
-    loss: str = "huber",
-    delta: float = 1e-3,
+    loss: str = PAPER_LOSS,
+    delta: float = PAPER_HUBER_DELTA,
     random_starts: int = 8,
-    restarts: int = 500,
+    restarts: int = PAPER_RESTARTS,
     seed: int = 0,
 ) -> dict[str, float]:
     """Refit a few draws both ways (warm + few random starts vs. full restarts) and compare.

@@ -1,7 +1,7 @@
 """Δφ under the shared-law reading: a technique shares E, A, α, B, β with the reference and differs only in φ.
 
-The separate fits (``analysis``) give each variant its own five coefficients and its own φ; Δφ is their
-difference, with the calibrated interval of ``fit.inference``. The shared reading assumes more: one law for
+The separate fits (``pipeline``) give each variant its own five coefficients and its own φ; Δφ is their
+difference, with the calibrated interval of ``fit.inference.profile``. The shared reading assumes more: one law for
 both recipes, the technique moving only how much a recurrence is worth. Written for the variant's runs,
 
     r^(φ + Δφ) N_rec = r^φ (r^Δφ N_rec),
@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from loopscale.fit.formula import LawData, predict, theta_to_params
-from loopscale.fit.law import JointLaw
-from loopscale.fit.optimiser import lm_batch, multistart, polish_lbfgsb, single_thread
+from loopscale.fit.law.formula import LawData, predict, theta_to_params
+from loopscale.fit.law.joint import JointLaw
+from loopscale.fit.law.solver import lm_batch, multistart, polish_lbfgsb, single_thread
 
 DELTA_BOUNDS = (-2.0, 2.0)
 

@@ -1,7 +1,7 @@
 """The registry of law variants `loopscale fit` fits beyond phi = 0 / 1 (``--law-variants``).
 
 Why a registry: a new variant of the law is one new module (its class) plus one line here; the fit
-(``analysis``), the CLI's switch and the fit file's ``law_variants`` record read it from this table.
+(``pipeline``), the CLI's switch and the fit file's ``law_variants`` record read it from this table.
 A variant class takes the base ``JointLaw`` (its settings) and provides ``name``, ``applies(df)``,
 ``clone(**overrides)``, ``fit(runs, extra_starts=...)``, ``predict(...)`` and ``record()`` (the dict
 stored under ``variants.<v>.law_variants.<name>``); ``docs/extending.md`` walks through one.
@@ -14,8 +14,8 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
-from loopscale.fit import structure
-from loopscale.fit.law import JointLaw
+from loopscale.fit.law import structure
+from loopscale.fit.law.joint import JointLaw
 
 
 class LawVariant(Protocol):

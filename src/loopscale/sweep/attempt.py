@@ -1,4 +1,4 @@
-"""Run one planned run with the sweep's bookkeeping: lock, attempts, failure records, events.
+"""One attempt of a planned run with the sweep's bookkeeping: lock, attempts, failure records, events.
 
 Shared by every executor (in-process, subprocess, torchrun, SLURM task), so the rules are the same
 everywhere: a finished or diverged run is skipped; an interrupted one resumes from its checkpoint;
@@ -30,6 +30,7 @@ from typing import Any
 
 from loopscale.errors import ConfigError
 from loopscale.io import atomic_write_json, set_aside
+from loopscale.record import RunRecord
 from loopscale.sweep.store import RESULT, Lock, RunState, SweepStore
 
 #: outcomes of ``execute_run``
@@ -233,8 +234,8 @@ def record_failure(store: SweepStore, rs: Any, att: dict[str, Any], error: str, 
     store.write_attempts(rs.run_id, att)
     path = Path(store.run_dir(rs.run_id)) / RESULT
     if write_result or not path.exists():
-        atomic_write_json(path, {"status": "failed", "error": error, "traceback": tb, **result_fields(rs.config),
-                                 "C": rs.C, "wall_s": wall_s})
+        atomic_write_json(path, RunRecord(status="failed", error=error, traceback=tb, **result_fields(rs.config),
+                                          C=rs.C, wall_s=wall_s).dump())
     store.event("failed", rs.run_id, error=error, failures=att["failures"], retryable=retryable)
 
 

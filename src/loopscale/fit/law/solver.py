@@ -1,7 +1,7 @@
 """The optimiser of the joint law: objective, gradients, the batched multi-start search, L-BFGS-B polish.
 
 Public so that every fitter (``JointLaw``, the bootstrap's batched refits, the loop-tax variant, the
-study designer) drives the same machinery; the law itself is ``loopscale.fit.formula``.
+study designer) drives the same machinery; the law itself is ``loopscale.fit.law.formula``.
 
 Objective (arXiv 2604.21106, Sec. 5): minimise over the runs ``i``::
 
@@ -46,9 +46,9 @@ from typing import Any
 
 import numpy as np
 
-from loopscale.fit._threads import single_thread_blas
-from loopscale.fit.formula import N_THETA, PARAMS, PHI, LawData, Slot, residuals, theta_to_params
-from loopscale.fit.paper import PAPER_BOX, PAPER_HUBER_DELTA, PAPER_RESTARTS
+from loopscale.fit.law.formula import N_THETA, PARAMS, PHI, LawData, Slot, residuals, theta_to_params
+from loopscale.fit.law.threads import single_thread_blas
+from loopscale.fit.paper import PAPER_BOX, PAPER_HUBER_DELTA, PAPER_LOSS, PAPER_RESTARTS
 
 LOSSES: tuple[str, ...] = ("huber", "mse")
 
@@ -71,7 +71,7 @@ def objective(
     data: LawData,
     weights: np.ndarray | None = None,
     *,
-    loss: str = "huber",
+    loss: str = PAPER_LOSS,
     delta: float = PAPER_HUBER_DELTA,
     grad: bool = True,
     hess: bool = False,
@@ -329,7 +329,7 @@ class Screen:
             new = np.full(m, -1)
             new[keep] = np.arange(limit)
             group, first, scale, m = new[group], first[keep], m / limit, limit
-        mean_L = np.bincount(group[group >= 0], weights=data.L[group >= 0], minlength=m)
+        mean_L: np.ndarray = np.bincount(group[group >= 0], weights=data.L[group >= 0], minlength=m)
         mean_L /= np.bincount(group[group >= 0], minlength=m)
         d = LawData.from_arrays(data.N_once[first], data.N_rec[first], np.exp(data.log_D[first]), data.r[first], mean_L)
         return cls(d, group, scale)
@@ -350,7 +350,7 @@ def multistart(
     weights: np.ndarray | None = None,
     bounds: Bounds | None = None,
     fixed_phi: float | None = None,
-    loss: str = "huber",
+    loss: str = PAPER_LOSS,
     delta: float = PAPER_HUBER_DELTA,
     restarts: int = PAPER_RESTARTS,
     polish: int = 8,

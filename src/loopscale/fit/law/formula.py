@@ -8,7 +8,7 @@ is fitted in log space (arXiv 2604.21106, Sec. 5) on ``theta = (a, b, e, alpha, 
 ``a = log A``, ``b = log B``, ``e = log E``. :class:`Slot` names the six positions, so no module
 indexes theta by a literal number. :func:`residuals` gives ``res_i = LSE(t1, t2, t3) - log L_i``
 (``t1 = a - alpha log N_eq``, ``t2 = b - beta log D``, ``t3 = e``) and its Jacobian; the derivation
-is in ``loopscale.fit.optimiser``'s docstring, which minimises the objective built on them.
+is in ``loopscale.fit.law.solver``'s docstring, which minimises the objective built on them.
 
 Why one module: the law used to be written three times and N_eq five times; a fit, the frontier, the
 planner and the report must all mean the same ``r^phi`` (computed as ``exp(phi log r)`` everywhere,
@@ -166,7 +166,7 @@ class LawData:
 
     def with_y(self, y: np.ndarray) -> LawData:
         """The same runs with other observations: ``y`` (S, n) is one row of log losses per fit, so a
-        batch of fits can each see its own simulated table (the wild bootstrap of ``fit.inference``)."""
+        batch of fits can each see its own simulated table (the wild bootstrap of ``fit.inference.profile``)."""
         y = np.asarray(y, dtype=float)
         return replace(self, y=y, L=np.exp(y))
 

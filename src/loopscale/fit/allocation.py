@@ -23,7 +23,7 @@ import pandas as pd
 from loopscale import accounting
 from loopscale.config import ModelConfig
 from loopscale.errors import ConfigError
-from loopscale.fit import formula
+from loopscale.fit.law import formula
 from loopscale.fit.table import budget_values
 
 _STRIP = ("s", "d_model", "r")
@@ -62,7 +62,7 @@ def width_polynomials(template: dict[str, Any], r: int) -> WidthPolynomials:
     coef = np.array([np.polyfit(widths[:3].astype(float), v[:3, j], 2) for j in range(3)])
     check = np.array([np.polyval(coef[j], widths[3]) for j in range(3)])
     if not np.allclose(check, v[3], rtol=1e-9):
-        raise RuntimeError("accounting is no longer quadratic in the width; update fit.optima.width_polynomials")
+        raise RuntimeError("accounting is no longer quadratic in the width; update fit.allocation.width_polynomials")
     return WidthPolynomials(r, coef[0], coef[1], coef[2], head_dim)
 
 

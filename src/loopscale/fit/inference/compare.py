@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from loopscale.fit.bootstrap import percentile_ci
-from loopscale.fit.inference import test_value
+from loopscale.fit.inference.bootstrap import percentile_ci
+from loopscale.fit.inference.profile import test_value
 from loopscale.fit.paper import PAPER_COEFFICIENTS, PAPER_PHI_CI
 from loopscale.fit.result import FitResult
 
@@ -46,7 +46,7 @@ def p_value(d: np.ndarray) -> float | None:
     d = d[np.isfinite(d)]
     if not d.size:
         return None
-    return float(min(1.0, 2 * min(np.mean(d <= 0), np.mean(d >= 0))))
+    return min(1.0, 2 * min(float(np.mean(d <= 0)), float(np.mean(d >= 0))))
 
 
 def compare(
@@ -59,16 +59,18 @@ def compare(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Per quantity: fitted value, reference value (and CI), difference with interval and p-value, verdict."""
-    level = float(level or FitResult.of(fit).ci_level)
-    name, own, own_draws = _draws(fit, variant)
+    res = FitResult.of(fit)
+    level = float(level or res.ci_level)
+    name, own, own_draws = _draws(res, variant)
     rng = np.random.default_rng(seed)
     if isinstance(reference, str):
         if reference != "paper":
             raise ValueError(f"unknown reference {reference!r}; expected 'paper' or a fit file")
         label = "paper (arXiv 2604.21106)"
-        ref = {k: PAPER_COEFFICIENTS[k] for k in QUANTITIES}
+        ref: dict[str, float | None] = {k: PAPER_COEFFICIENTS[k] for k in QUANTITIES}
         ref_ci: dict[str, tuple[float, float] | None] = {"phi": PAPER_PHI_CI, "alpha": None, "beta": None}
-        sd = {"phi": (PAPER_PHI_CI[1] - PAPER_PHI_CI[0]) / (2 * _Z95), "alpha": 0.0, "beta": 0.0}
+        sd: dict[str, float | None] = {"phi": (PAPER_PHI_CI[1] - PAPER_PHI_CI[0]) / (2 * _Z95), "alpha": 0.0,
+                                       "beta": 0.0}
         ref_draws = None
     else:
         rname, ref, ref_draws = _draws(reference, reference_variant)
@@ -99,8 +101,8 @@ def compare(
         row["difference_ci"] = percentile_ci(diff, level)
         row["p_value"] = p_value(diff)
         row["consistent"] = bool(row["p_value"] >= 1 - level)
-        if k == "phi":  # the calibrated test of phi = the reference's value (fit/inference.py)
-            inf = FitResult.of(fit).variant(name).inference
+        if k == "phi":  # the calibrated test of phi = the reference's value (fit/inference/profile.py)
+            inf = res.variant(name).inference
             row["p_calibrated"] = None if not inf else test_value(inf, float(theirs))
         rows.append(row)
     return {"variant": name, "reference": label, "level": level, "rows": rows}

@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from loopscale.fit.formula import LawData, r2_score
-from loopscale.fit.law import EstimatorParams, JointLaw, NotFittedError
-from loopscale.fit.optimiser import Screen, lm_batch, multistart, polish_lbfgsb, single_thread
+from loopscale.fit.law.formula import LawData, r2_score
+from loopscale.fit.law.joint import EstimatorParams, JointLaw, NotFittedError
+from loopscale.fit.law.solver import Screen, lm_batch, multistart, polish_lbfgsb, single_thread
 
 #: name of the variant in the fit file and on the CLI.
 NAME = "loop_tax"

@@ -1,6 +1,6 @@
 """Planning: at budget C, which (r, width, tokens) does the law recommend, and at what loss?
 
-For each r the law-based compute-optimal width (``optima.law_frontier``) is rounded to a width the
+For each r the law-based compute-optimal width (``allocation.law_frontier``) is rounded to a width the
 template allows (a multiple of ``head_dim``; both neighbours are tried and the lower predicted
 loss wins); tokens are ``D = C / F`` with F from ``loopscale.accounting`` for that exact model.
 The loss CI comes from the fit file's bootstrap draws (the law evaluated at the recommended model
@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 
 from loopscale import accounting, grids
-from loopscale.fit.bootstrap import percentile_ci
-from loopscale.fit.formula import Slot
-from loopscale.fit.formula import predict as predict_theta
-from loopscale.fit.law import JointLaw
-from loopscale.fit.optima import law_frontier, template_config, valid_rs
+from loopscale.fit.allocation import law_frontier, template_config, valid_rs
+from loopscale.fit.inference.bootstrap import percentile_ci
+from loopscale.fit.law.formula import Slot
+from loopscale.fit.law.formula import predict as predict_theta
+from loopscale.fit.law.joint import JointLaw
 
 
 def plan(

@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from loopscale import accounting
 from loopscale.config import ModelConfig, StrictModel, apply_overrides, load_mapping, validate
-from loopscale.data.config import DataConfig
+from loopscale.config.data import DataConfig
 from loopscale.errors import ConfigError
 from loopscale.optim import OptimConfig
 

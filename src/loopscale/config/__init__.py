@@ -1,7 +1,10 @@
 """Typed configuration. Every field is named as in the paper (arXiv 2604.21106); errors name the field.
 
-This module holds the model config used by ``accounting`` and ``model``; the training, data and
-sweep configs live beside the code that owns them and are composed in ``loopscale.train``.
+One module per table of a training config: this one holds the machinery every config uses (``StrictModel``,
+``validate``, ``apply_overrides``, ``load_mapping``) and ``ModelConfig`` (``[model]``, which ``accounting``
+and ``model`` build on); ``config.data`` holds ``[data]``, ``config.optim`` ``[optim]`` and ``config.train``
+``[run]`` and the whole ``TrainConfig``. The sweep spec's tables are ``sweep.spec``'s, the fit's ``[fit]``
+table ``fit.settings``'. Shipped presets are TOML files in ``loopscale/presets/`` (presets/README.md).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ demo's draws), and the percentile ends of 200 draws move by more than the margin
 Here the design stays fixed and only the errors are resampled:
 
 * **Statistic.** The profile objective ``P(phi) = min over (E, A, B, alpha, beta) of f`` (``f``: the
-  paper's summed Huber loss in log space, ``optimiser.objective``) and ``T(phi) = P(phi) - min f``, the
+  paper's summed Huber loss in log space, ``solver.objective``) and ``T(phi) = P(phi) - min f``, the
   likelihood-ratio statistic of the fitted M-estimator (one parameter restricted).
 * **Reference distribution.** Bootstrap tables ``y* = y_hat + v_g e`` where ``y_hat`` is the free fit's
   log prediction, ``e`` each run's residual against the law refitted without the run's cell (the
@@ -40,9 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from loopscale.fit.bootstrap import percentile_ci
-from loopscale.fit.formula import N_THETA, PHI, LawData, residuals
-from loopscale.fit.optimiser import Bounds, lm_batch, single_thread
+from loopscale.fit.inference.bootstrap import percentile_ci
+from loopscale.fit.law.formula import N_THETA, PHI, LawData, residuals
+from loopscale.fit.law.solver import Bounds, lm_batch, single_thread
 
 #: Webb's six-point distribution: mean 0, variance 1, six values (Webb 2014, "Reworking wild bootstrap
 #: based inference for clustered errors").
@@ -390,8 +390,8 @@ def held_out_worse(free: dict[str, Any] | None, restricted: dict[str, Any] | Non
     (top-budget extrapolation, leave-one-r-out)? None when no check ran."""
     if not free or not restricted:
         return None
-    pairs = [(free.get(k), restricted.get(k)) for k in ("extrapolation_rmse", "leave_one_r_out_rmse")]
-    pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+    both = [(free.get(k), restricted.get(k)) for k in ("extrapolation_rmse", "leave_one_r_out_rmse")]
+    pairs = [(a, b) for a, b in both if a is not None and b is not None]
     if not pairs:
         return None
     return all(b > a for a, b in pairs)
@@ -401,7 +401,7 @@ def held_out_worse(free: dict[str, Any] | None, restricted: dict[str, Any] | Non
 class VariantInference:
     """Everything one variant's inference needs, kept between the variant's fit and the Delta-phi step.
 
-    Above ``optimiser.SCREEN_ROWS`` runs it works on the table's design points (``optimiser.Screen``: seeds of
+    Above ``solver.SCREEN_ROWS`` runs it works on the table's design points (``solver.Screen``: seeds of
     a point become one row with their mean loss and summed weight, a fixed random subset above 1,024
     points), as the fit's batched stages do: 2000 tables x 10,000 runs would cost minutes."""
 
@@ -419,7 +419,7 @@ class VariantInference:
     def run(cls, theta_hat: np.ndarray, f_hat: float, bounds: Bounds, data: LawData, cells: np.ndarray,
             v: np.ndarray, loss: str, delta: float, seed: int, errors: str = "jackknife") -> VariantInference:
         """From the free fit's optimum (``theta_hat``, objective ``f_hat``, its box ``bounds``)."""
-        from loopscale.fit.optimiser import Screen
+        from loopscale.fit.law.solver import Screen
 
         screen = Screen.of(data)
         weights = None
@@ -485,9 +485,9 @@ class VariantInference:
         }
 
 
-def test_value(record: dict[str, Any], x: float) -> float | None:
+def test_value(record: Any, x: float) -> float | None:
     """p of "phi = x" from a fit file's inference record (its profile grid and null draws): the test a record
-    makes for any value after the fit, e.g. another fit's phi (``fit.compare``). None outside the profile."""
+    makes for any value after the fit, e.g. another fit's phi (``fit.inference.compare``). None outside the profile."""
     prof, null = record.get("profile") or {}, record.get("null") or {}
     if not prof.get("phi") or not null.get("stat"):
         return None

@@ -4,12 +4,12 @@ The law (arXiv 2604.21106, Sec. 1 / Eq. 1)::
 
     L(N_once, N_rec, D, r) = E + A (N_once + r^phi N_rec)^-alpha + B D^-beta
 
-is written once in ``loopscale.fit.formula`` (N_eq, named theta slots, residuals and Jacobian,
+is written once in ``loopscale.fit.law.formula`` (N_eq, named theta slots, residuals and Jacobian,
 predictions, R^2); it is fitted the paper's way (arXiv 2604.21106, Sec. 5: Huber on log L, many
-starts, L-BFGS-B) by ``loopscale.fit.optimiser``. This module holds the estimator and its settings:
+starts, L-BFGS-B) by ``loopscale.fit.law.solver``. This module holds the estimator and its settings:
 parameters only from ``__init__``, ``get_params`` / ``set_params`` / :func:`clone` with scikit-learn's
 semantics (hand-written: no scikit-learn dependency), and :class:`NotFittedError` from ``predict``
-before ``fit``. The names re-exported below keep ``from loopscale.fit.law import ...`` working.
+before ``fit``. The names re-exported below keep ``from loopscale.fit.law.joint import ...`` working.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from loopscale.errors import ConfigError
-from loopscale.fit.formula import (
+from loopscale.fit.law.formula import (
     PARAMS,
     PHI,
     LawData,
@@ -33,9 +33,9 @@ from loopscale.fit.formula import (
     r2_score,
     theta_to_params,
 )
-from loopscale.fit.formula import predict as predict_theta
-from loopscale.fit.optimiser import LOSSES, Bounds, Minimum, Screen, multistart, objective
-from loopscale.fit.paper import PAPER_HUBER_DELTA, PAPER_RESTARTS
+from loopscale.fit.law.formula import predict as predict_theta
+from loopscale.fit.law.solver import LOSSES, Bounds, Minimum, Screen, multistart, objective
+from loopscale.fit.paper import PAPER_HUBER_DELTA, PAPER_LOSS, PAPER_RESTARTS
 
 __all__ = [
     "LOSSES",
@@ -158,7 +158,7 @@ class JointLaw(EstimatorParams):
     def __init__(
         self,
         *,
-        loss: str = "huber",
+        loss: str = PAPER_LOSS,
         delta: float = PAPER_HUBER_DELTA,
         phi: float | None = None,
         phi_bounds: tuple[float, float] = (-3.0, 3.0),
