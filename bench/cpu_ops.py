@@ -34,8 +34,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=15)
     args = ap.parse_args()
     tuned = tune_cpu_malloc()
-    print(f"hardware: {hardware()}  malloc: {'tuned (as the trainer)' if tuned else 'default'}  "
-          f"cpu kernels: {cpu_kernels.status()}")
+    print(
+        f"hardware: {hardware()}  malloc: {'tuned (as the trainer)' if tuned else 'default'}  "
+        f"cpu kernels: {cpu_kernels.status()}"
+    )
     B, T, H, hd = args.batch, args.seq_len, args.heads, args.head_dim
     d = H * hd
     torch.manual_seed(0)
@@ -50,6 +52,7 @@ def main() -> None:
             ins = [t.detach().requires_grad_() for t in leaves]
             out = fn(*ins)
             torch.autograd.backward(out, grads)
+
         return run
 
     def with_kernels(on: bool, run):
@@ -59,6 +62,7 @@ def main() -> None:
                 run()
             finally:
                 cpu_kernels.ENABLED = True
+
         return wrapped
 
     def sdpa(backend):
@@ -67,6 +71,7 @@ def main() -> None:
             with sdpa_kernel(backend):
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             return y.transpose(1, 2).reshape(B, T, d)
+
         return fn
 
     def c_attention(p):
@@ -79,8 +84,9 @@ def main() -> None:
         "RMSNorm, F.rms_norm + autograd": grad_of(lambda a: F.rms_norm(a, (d,), w, 1e-6), x, grads=g),
         "LayerNorm (nanoGPT's norm)": grad_of(ln, x, grads=g),
         "RoPE + QK-norm, C": with_kernels(True, grad_of(lambda a: fused.rope_qk_norm(a, turn, 1e-6), qkv, grads=g3)),
-        "RoPE + QK-norm, torch ops": with_kernels(False, grad_of(lambda a: fused.rope_qk_norm(a, turn, 1e-6), qkv,
-                                                                 grads=g3)),
+        "RoPE + QK-norm, torch ops": with_kernels(
+            False, grad_of(lambda a: fused.rope_qk_norm(a, turn, 1e-6), qkv, grads=g3)
+        ),
         "attention, C": grad_of(c_attention, packed, grads=g),
         "attention, SDPA (CPU flash)": grad_of(sdpa(SDPBackend.FLASH_ATTENTION), packed, grads=g),
         "attention, SDPA math": grad_of(sdpa(SDPBackend.MATH), packed, grads=g),
@@ -95,8 +101,10 @@ def main() -> None:
             t0 = time.perf_counter()
             run()
             times[name].append(time.perf_counter() - t0)
-    print(f"\nforward + backward, median ms of {args.repeats}; [B, T, d] = [{B}, {T}, {d}], {H} heads of {hd}, "
-          f"{torch.get_num_threads()} threads")
+    print(
+        f"\nforward + backward, median ms of {args.repeats}; [B, T, d] = [{B}, {T}, {d}], {H} heads of {hd}, "
+        f"{torch.get_num_threads()} threads"
+    )
     for name, ts in times.items():
         print(f"{name:>34} {1e3 * statistics.median(ts):8.2f}")
 

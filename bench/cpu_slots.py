@@ -23,8 +23,19 @@ from pathlib import Path
 
 
 def sweep(spec: str, out: Path, slots: int) -> float:
-    cmd = [sys.executable, "-m", "loopscale", "sweep", "run", spec, "--out", str(out), "--slots", str(slots),
-           "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "loopscale",
+        "sweep",
+        "run",
+        spec,
+        "--out",
+        str(out),
+        "--slots",
+        str(slots),
+        "--no-progress",
+    ]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - t0
@@ -45,8 +56,9 @@ def main() -> None:
 
     root = args.dir or Path(tempfile.mkdtemp(prefix="cpu_slots_"))
     os.environ.setdefault("LOOPSCALE_CACHE", str(root / "cache"))
-    for cfg in {(rs.config.data.model_dump_json(), rs.config.model.seq_len): rs.config
-                for rs in load_spec(args.spec).runs()}.values():
+    for cfg in {
+        (rs.config.data.model_dump_json(), rs.config.model.seq_len): rs.config for rs in load_spec(args.spec).runs()
+    }.values():
         load_token_data(cfg.data, cfg.model.seq_len)  # warm the packed-row cache: not what is measured
     order = [1, args.slots] if args.order == "serial-first" else [args.slots, 1]
     walls, tables = {}, {}
@@ -54,15 +66,20 @@ def main() -> None:
         load0 = os.getloadavg()[0]
         walls[n] = sweep(args.spec, root / f"slots{n}", n)
         tables[n], _ = runs_table(open_store(root / f"slots{n}"))
-        print(f"--slots {n}: {walls[n]:.1f} s wall, {len(tables[n])} runs, load average {load0:.2f} -> "
-              f"{os.getloadavg()[0]:.2f}", flush=True)
+        print(
+            f"--slots {n}: {walls[n]:.1f} s wall, {len(tables[n])} runs, load average {load0:.2f} -> "
+            f"{os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
     a, b = tables[1], tables[args.slots]
     cols = [c for c in a.columns if c not in ("wall_s", "attempts")]
     pd.testing.assert_frame_equal(a[cols], b[cols], check_exact=True)
     run_s = {n: float(tables[n]["wall_s"].sum()) for n in order}
     print(f"identical: {len(cols)} columns of {len(a)} runs, no tolerance")
-    print(f"speed-up {walls[1] / walls[args.slots]:.2f}x; sum of run times {run_s[1]:.0f} s (serial) vs "
-          f"{run_s[args.slots]:.0f} s (slots)")
+    print(
+        f"speed-up {walls[1] / walls[args.slots]:.2f}x; sum of run times {run_s[1]:.0f} s (serial) vs "
+        f"{run_s[args.slots]:.0f} s (slots)"
+    )
 
 
 if __name__ == "__main__":

@@ -87,8 +87,13 @@ def measure(shards: Path, cache: Path, seq_len: int = 2048, child: str = CHILD, 
     """Run ``child`` (build, or read) on the cache for ``shards`` in a fresh process; what it reports."""
     cfg = {"source": "shards", "paths": [str(shards)], "bos_id": BOS, **data}
     env = {**os.environ, "LOOPSCALE_CACHE": str(cache)}
-    proc = subprocess.run([sys.executable, "-c", child, json.dumps(cfg), str(seq_len)], env=env,
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", child, json.dumps(cfg), str(seq_len)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if proc.returncode:
         raise RuntimeError(proc.stderr)
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -103,18 +108,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.time()
         docs = write_corpus(Path(tmp) / "shards", int(args.tokens))
-        print(f"corpus: {int(args.tokens):,} tokens, {docs:,} documents in "
-              f"{-(-int(args.tokens) // SHARD_TOKENS)} shards ({time.time() - t0:.1f} s)")
+        print(
+            f"corpus: {int(args.tokens):,} tokens, {docs:,} documents in "
+            f"{-(-int(args.tokens) // SHARD_TOKENS)} shards ({time.time() - t0:.1f} s)"
+        )
         m = measure(Path(tmp) / "shards", Path(tmp) / "cache", args.seq_len, packing=args.packing)
         r = measure(Path(tmp) / "shards", Path(tmp) / "cache", args.seq_len, READER, packing=args.packing)
     mb = 2**20
-    print(f"build ({args.packing}, T = {args.seq_len}): {m['rows']:,} train + {m['val_rows']:,} val rows "
-          f"({m['dtype']}) in {m['wall_s']:.1f} s")
-    print(f"peak RSS {m['peak'] / mb:.0f} MiB; after imports {m['before'] / mb:.0f} MiB; "
-          f"build adds {(m['peak'] - m['before']) / mb:.0f} MiB "
-          f"(the corpus as int64 would be {8 * int(args.tokens) / mb:,.0f} MiB)")
-    print(f"a reader of every row (one epoch, batches of 128): +{r['anon'] / mb:.0f} MiB private, "
-          f"+{r['file'] / mb:.0f} MiB of mapped, shared page cache (train rows: {r['bytes'] / mb:.0f} MiB)")
+    print(
+        f"build ({args.packing}, T = {args.seq_len}): {m['rows']:,} train + {m['val_rows']:,} val rows "
+        f"({m['dtype']}) in {m['wall_s']:.1f} s"
+    )
+    print(
+        f"peak RSS {m['peak'] / mb:.0f} MiB; after imports {m['before'] / mb:.0f} MiB; "
+        f"build adds {(m['peak'] - m['before']) / mb:.0f} MiB "
+        f"(the corpus as int64 would be {8 * int(args.tokens) / mb:,.0f} MiB)"
+    )
+    print(
+        f"a reader of every row (one epoch, batches of 128): +{r['anon'] / mb:.0f} MiB private, "
+        f"+{r['file'] / mb:.0f} MiB of mapped, shared page cache (train rows: {r['bytes'] / mb:.0f} MiB)"
+    )
 
 
 if __name__ == "__main__":

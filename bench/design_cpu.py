@@ -47,11 +47,27 @@ def runs_table() -> pd.DataFrame:
             continue
         p = plan_row(rs, spec)
         m = rs.config.model
-        rows.append({"run_id": rs.run_id, "variant": rs.variant, "C": rs.C, "r": rs.r, "d_model": rs.d_model,
-                     "N_once": p.N_once, "N_rec": p.N_rec, "D": float(p.tokens), "batch_size": rs.config.run.batch_size,
-                     "seq_len": m.seq_len, "vocab_size": m.vocab_size, "head_dim": m.head_dim, "L_eff": m.L_eff,
-                     "n_prelude": 2, "n_coda": 2, "injection": "linear",
-                     "val_loss": L_TABLE[(rs.C, rs.d_model)][COLUMN[(rs.variant, rs.r)]]})
+        rows.append(
+            {
+                "run_id": rs.run_id,
+                "variant": rs.variant,
+                "C": rs.C,
+                "r": rs.r,
+                "d_model": rs.d_model,
+                "N_once": p.N_once,
+                "N_rec": p.N_rec,
+                "D": float(p.tokens),
+                "batch_size": rs.config.run.batch_size,
+                "seq_len": m.seq_len,
+                "vocab_size": m.vocab_size,
+                "head_dim": m.head_dim,
+                "L_eff": m.L_eff,
+                "n_prelude": 2,
+                "n_coda": 2,
+                "injection": "linear",
+                "val_loss": L_TABLE[(rs.C, rs.d_model)][COLUMN[(rs.variant, rs.r)]],
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -61,14 +77,21 @@ def main(out: Path) -> None:
     assert len(df) == 35, len(df)
     df.to_csv(out / "cpu_L_runs.csv", index=False)
     table = load_runs(out / "cpu_L_runs.csv").with_r1_control("loop1")
-    settings = FitSettings(delta=0.02, variants=["baseline@loop1"], reference_variant="baseline@loop1",
-                           template={k: v for k, v in template_from_table(df).items()}, law_variants=())
+    settings = FitSettings(
+        delta=0.02,
+        variants=["baseline@loop1"],
+        reference_variant="baseline@loop1",
+        template={k: v for k, v in template_from_table(df).items()},
+        law_variants=(),
+    )
     fit = fit_runs(table, settings)
     write_fit(out / "cpu_L_fit.json", fit)
     p = fit["variants"]["baseline@loop1"]["law"]["params"]
     ci = fit["variants"]["baseline@loop1"]["bootstrap"]["ci"]["phi"]
-    print(f"{len(df)} runs; against the loop-of-one controls: phi = {p['phi']:.3f} [{ci[0]:.2f}, {ci[1]:.2f}], "
-          f"alpha {p['alpha']:.3f}, beta {p['beta']:.3f}, E {p['E']:.3f}, A {p['A']:.4g}, B {p['B']:.4g}")
+    print(
+        f"{len(df)} runs; against the loop-of-one controls: phi = {p['phi']:.3f} [{ci[0]:.2f}, {ci[1]:.2f}], "
+        f"alpha {p['alpha']:.3f}, beta {p['beta']:.3f}, E {p['E']:.3f}, A {p['A']:.4g}, B {p['B']:.4g}"
+    )
     print(f"fit file: {out / 'cpu_L_fit.json'}")
 
 

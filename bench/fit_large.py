@@ -46,8 +46,13 @@ def case(name: str) -> dict[str, float | str]:
         t0 = time.perf_counter()
         fit = fit_runs(runs)
         out = {"rows": len(runs.df), "phi": fit["variants"]["baseline"]["law"]["params"]["phi"]}
-    out.update({"case": name, "wall_s": time.perf_counter() - t0,
-                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+    out.update(
+        {
+            "case": name,
+            "wall_s": time.perf_counter() - t0,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        }
+    )
     return out
 
 
@@ -59,9 +64,11 @@ def main() -> None:
     for name in names:
         proc = subprocess.run([sys.executable, __file__, "--case", name], capture_output=True, text=True, check=True)
         line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-        r = json.loads(line[len("RESULT "):])
-        print(f"{r['case']:>10}: {r['rows']:>6} rows  {r['wall_s']:7.1f} s  peak RSS {r['peak_rss_mb']:7.0f} MB"
-              + (f"  phi {r['phi']:.4f}" if "phi" in r else ""))
+        r = json.loads(line[len("RESULT ") :])
+        print(
+            f"{r['case']:>10}: {r['rows']:>6} rows  {r['wall_s']:7.1f} s  peak RSS {r['peak_rss_mb']:7.0f} MB"
+            + (f"  phi {r['phi']:.4f}" if "phi" in r else "")
+        )
 
 
 if __name__ == "__main__":

@@ -70,15 +70,23 @@ def sync(device: torch.device) -> None:
 
 
 # ---- 1. steps ---------------------------------------------------------------------------------
-def measure_step(cfg: ModelConfig, rows: int, mode: str, device: torch.device, dtype: str,
-                 steps: int) -> dict[str, Any]:
+def measure_step(
+    cfg: ModelConfig, rows: int, mode: str, device: torch.device, dtype: str, steps: int
+) -> dict[str, Any]:
     """One configuration: warm-up (compilation), then ``steps`` timed training steps of ``rows`` rows."""
     torch.manual_seed(0)
     model = LoopedLM(cfg).to(device)
-    opt = build_optimizers(model.param_groups(), OptimConfig(), d_model=cfg.width,
-                           tokens_per_step=rows * cfg.seq_len, total_tokens=1e12, r=cfg.r)
-    step_fn, _ = compile_for_training(model, model.blocks(), mode, device,
-                                      warn=lambda m: print(f"  warning: {m}", flush=True))
+    opt = build_optimizers(
+        model.param_groups(),
+        OptimConfig(),
+        d_model=cfg.width,
+        tokens_per_step=rows * cfg.seq_len,
+        total_tokens=1e12,
+        r=cfg.r,
+    )
+    step_fn, _ = compile_for_training(
+        model, model.blocks(), mode, device, warn=lambda m: print(f"  warning: {m}", flush=True)
+    )
     x = torch.randint(0, cfg.vocab_size, (rows, cfg.seq_len + 1), device=device)
 
     def step() -> float:
@@ -111,9 +119,16 @@ def measure_step(cfg: ModelConfig, rows: int, mode: str, device: torch.device, d
     rg = memory.regime(device.type, dtype)
     predicted = memory.train_peak(cfg, rows, rg).total
     out: dict[str, Any] = {
-        "d_model": cfg.width, "r": cfg.r, "mode": getattr(step_fn, "mode", mode),
-        "rows": rows, "tokens_per_s": tokens / sec, "ms_per_step": 1e3 * sec, "warmup_s": warmup_s,
-        "flops_per_token": f, "mfu": (tokens / sec * f / peak) if peak else None, "first_loss": first_loss,
+        "d_model": cfg.width,
+        "r": cfg.r,
+        "mode": getattr(step_fn, "mode", mode),
+        "rows": rows,
+        "tokens_per_s": tokens / sec,
+        "ms_per_step": 1e3 * sec,
+        "warmup_s": warmup_s,
+        "flops_per_token": f,
+        "mfu": (tokens / sec * f / peak) if peak else None,
+        "first_loss": first_loss,
         "predicted_peak_bytes": predicted,
     }
     if device.type == "cuda":
@@ -136,11 +151,18 @@ def section_steps(args: argparse.Namespace, clock: Clock, device: torch.device) 
             continue
         print(f"steps: s={s} r={r} {mode}", flush=True)
         try:
-            res = {"s": s, **measure_step(paper_model(s, r, args.smoke), rows, mode, device, dtype,
-                                          3 if args.smoke else 10)}
+            res = {
+                "s": s,
+                **measure_step(paper_model(s, r, args.smoke), rows, mode, device, dtype, 3 if args.smoke else 10),
+            }
         except Exception as e:
-            res = {"s": s, "r": r, "mode": mode, "error": f"{type(e).__name__}: {e}"[:500],
-                   "traceback": traceback.format_exc()[-2000:]}
+            res = {
+                "s": s,
+                "r": r,
+                "mode": mode,
+                "error": f"{type(e).__name__}: {e}"[:500],
+                "traceback": traceback.format_exc()[-2000:],
+            }
         print(f"  {json.dumps({k: v for k, v in res.items() if k != 'traceback'})[:300]}", flush=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the last configuration's model and optimiser are gone
@@ -170,8 +192,13 @@ def _cli(argv: list[str], log: Path, timeout: float, env: dict[str, str] | None 
     t = time.time()
     with log.open("w") as fh:
         try:
-            proc = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, timeout=max(10.0, timeout),
-                                  env={**os.environ, "PYTHONPATH": _pythonpath(), **(env or {})})
+            proc = subprocess.run(
+                argv,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                timeout=max(10.0, timeout),
+                env={**os.environ, "PYTHONPATH": _pythonpath(), **(env or {})},
+            )
             rc = proc.returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
@@ -183,15 +210,30 @@ def _run_summary(run_dir: Path) -> dict[str, Any]:
     res = run_dir / "result.json"
     if res.exists():
         r = json.loads(res.read_text())
-        out.update({k: r.get(k) for k in ("status", "val_loss", "train_loss", "steps", "wall_s", "world_size",
-                                          "micro_batch", "predicted_peak_bytes", "measured_peak_bytes",
-                                          "compile", "error")})
+        out.update(
+            {
+                k: r.get(k)
+                for k in (
+                    "status",
+                    "val_loss",
+                    "train_loss",
+                    "steps",
+                    "wall_s",
+                    "world_size",
+                    "micro_batch",
+                    "predicted_peak_bytes",
+                    "measured_peak_bytes",
+                    "compile",
+                    "error",
+                )
+            }
+        )
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():
         recs = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
         logs = [m for m in recs if "train_loss" in m]
         out["loss_curve"] = [[m["step"], round(m["train_loss"], 4)] for m in logs]
-        late = [m for m in logs[len(logs) // 2:] if m.get("tokens_per_s")]
+        late = [m for m in logs[len(logs) // 2 :] if m.get("tokens_per_s")]
         if late:
             out["tokens_per_s"] = statistics.median(m["tokens_per_s"] for m in late)
             out["mfu"] = statistics.median(m["mfu"] for m in late) if all("mfu" in m for m in late) else None
@@ -199,16 +241,28 @@ def _run_summary(run_dir: Path) -> dict[str, Any]:
 
 
 # toy runs (smoke, the sweep) read a small slice of the embedded default: quick to pack
-TOY_DATA = {"allow_default": True, "real_text_bytes": 400_000,
-            "world": {"n_entities": 60, "n_unseen_entities": 20, "eval_per_task": 20}}
+TOY_DATA = {
+    "allow_default": True,
+    "real_text_bytes": 400_000,
+    "world": {"n_entities": 60, "n_unseen_entities": 20, "eval_per_task": 20},
+}
 
 
 def train_config(args: argparse.Namespace, steps: int, batch: int) -> dict[str, Any]:
-    return {"model": _model_table(args.train_s, 4, args.smoke),
-            "data": TOY_DATA if args.smoke else {"allow_default": True},
-            "run": {"steps": steps, "batch_size": batch, "micro_batch": "auto", "log_every": 10,
-                    "val_tokens": 4096 if args.smoke else 2**20, "ckpt_every": 0, "min_steps": 1,
-                    "device": "cpu" if args.smoke else "cuda"}}
+    return {
+        "model": _model_table(args.train_s, 4, args.smoke),
+        "data": TOY_DATA if args.smoke else {"allow_default": True},
+        "run": {
+            "steps": steps,
+            "batch_size": batch,
+            "micro_batch": "auto",
+            "log_every": 10,
+            "val_tokens": 4096 if args.smoke else 2**20,
+            "ckpt_every": 0,
+            "min_steps": 1,
+            "device": "cpu" if args.smoke else "cuda",
+        },
+    }
 
 
 def section_train(args: argparse.Namespace, clock: Clock, work: Path) -> dict[str, Any]:
@@ -216,8 +270,11 @@ def section_train(args: argparse.Namespace, clock: Clock, work: Path) -> dict[st
     cfg = work / "train.toml"
     cfg.write_text(_toml(train_config(args, steps, batch)))
     run_dir = work / "train-run"
-    res = _cli([sys.executable, "-m", "loopscale", "train", str(cfg), "--out", str(run_dir), "--no-progress"],
-               work / "train.log", clock.left() - args.reserve_s)
+    res = _cli(
+        [sys.executable, "-m", "loopscale", "train", str(cfg), "--out", str(run_dir), "--no-progress"],
+        work / "train.log",
+        clock.left() - args.reserve_s,
+    )
     return {**res, "steps": steps, "rows_per_step": batch, **_run_summary(run_dir)}
 
 
@@ -227,8 +284,20 @@ def section_ddp(args: argparse.Namespace, clock: Clock, work: Path) -> dict[str,
     conf = train_config(args, 10 if args.smoke else 30, 4 * n if args.smoke else 16 * n)
     cfg.write_text(_toml(conf))
     run_dir = work / "ddp-run"
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", "-m",
-            "loopscale", "train", str(cfg), "--out", str(run_dir), "--no-progress"]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={n}",
+        "-m",
+        "loopscale",
+        "train",
+        str(cfg),
+        "--out",
+        str(run_dir),
+        "--no-progress",
+    ]
     env = {"OMP_NUM_THREADS": "1"} if args.smoke else {}
     res = _cli(argv, work / "ddp.log", clock.left() - args.reserve_s, env)
     return {**res, "nproc": n, **_run_summary(run_dir)}
@@ -238,22 +307,46 @@ def section_sweep(args: argparse.Namespace, clock: Clock, work: Path) -> dict[st
     model = {k: v for k, v in _model_table(args.train_s, 2, True).items() if k not in ("d_model", "r")}
     budgets = [1e10, 2e10]  # toy models on either device: 12-45 steps a run
     spec = {
-        "sweep": {"name": "gpu-check", "budgets": budgets, "r": [1, 2],
-                  "widths": {str(b): [16, 32] for b in budgets}, "max_retries": 0},
-        "train": {"model": model, "data": TOY_DATA, "optim": {"transfer": False},
-                  "run": {"batch_size": 8, "val_tokens": 4096, "min_steps": 5, "log_every": 10,
-                          "device": "cpu" if args.smoke else "cuda"}},
+        "sweep": {
+            "name": "gpu-check",
+            "budgets": budgets,
+            "r": [1, 2],
+            "widths": {str(b): [16, 32] for b in budgets},
+            "max_retries": 0,
+        },
+        "train": {
+            "model": model,
+            "data": TOY_DATA,
+            "optim": {"transfer": False},
+            "run": {
+                "batch_size": 8,
+                "val_tokens": 4096,
+                "min_steps": 5,
+                "log_every": 10,
+                "device": "cpu" if args.smoke else "cuda",
+            },
+        },
     }
     path = work / "sweep.toml"
     path.write_text(_toml(spec))
     out = work / "sweep"
-    res = _cli([sys.executable, "-m", "loopscale", "sweep", "run", str(path), "--out", str(out), "--no-progress"],
-               work / "sweep.log", clock.left() - args.reserve_s)
+    res = _cli(
+        [sys.executable, "-m", "loopscale", "sweep", "run", str(path), "--out", str(out), "--no-progress"],
+        work / "sweep.log",
+        clock.left() - args.reserve_s,
+    )
     runs = []
     for result in sorted((out / "runs").glob("*/result.json")):
         r = json.loads(result.read_text())
-        runs.append({"run": result.parent.name, "status": r.get("status"), "val_loss": r.get("val_loss"),
-                     "wall_s": r.get("wall_s"), "device": (r.get("hardware") or {}).get("device")})
+        runs.append(
+            {
+                "run": result.parent.name,
+                "status": r.get("status"),
+                "val_loss": r.get("val_loss"),
+                "wall_s": r.get("wall_s"),
+                "device": (r.get("hardware") or {}).get("device"),
+            }
+        )
     return {**res, "runs": runs}
 
 
@@ -264,17 +357,21 @@ def _gb(b: float | None) -> str:
 
 def markdown(report: dict[str, Any]) -> str:
     env = report["env"]
-    lines = [f"# loopscale GPU check ({env.get('device_name')}, torch {env.get('torch')}, "
-             f"{env.get('date')})", "",
-             "| s | r | mode | rows | tokens/s | ms/step | MFU | peak GB (measured / predicted) | note |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# loopscale GPU check ({env.get('device_name')}, torch {env.get('torch')}, {env.get('date')})",
+        "",
+        "| s | r | mode | rows | tokens/s | ms/step | MFU | peak GB (measured / predicted) | note |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for m in report.get("steps", []):
         note = m.get("skipped") or (m.get("error") or "")[:80]
         mfu = f"{100 * m['mfu']:.1f} %" if m.get("mfu") else "-"
         tps = f"{m['tokens_per_s']:,.0f}" if m.get("tokens_per_s") else "-"
         ms = f"{m['ms_per_step']:.1f}" if m.get("ms_per_step") else "-"
-        lines.append(f"| {m.get('s')} | {m.get('r')} | {m.get('mode')} | {m.get('rows', '-')} | {tps} | {ms} | {mfu} "
-                     f"| {_gb(m.get('measured_peak_bytes'))} / {_gb(m.get('predicted_peak_bytes'))} | {note} |")
+        lines.append(
+            f"| {m.get('s')} | {m.get('r')} | {m.get('mode')} | {m.get('rows', '-')} | {tps} | {ms} | {mfu} "
+            f"| {_gb(m.get('measured_peak_bytes'))} / {_gb(m.get('predicted_peak_bytes'))} | {note} |"
+        )
     for name in ("train", "ddp", "sweep"):
         sec = report.get(name)
         if not sec:
@@ -322,13 +419,23 @@ def main() -> None:
     work.mkdir(exist_ok=True)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(work / "inductor"))
     clock = Clock(args.budget_s)
-    report: dict[str, Any] = {"env": {
-        "date": time.strftime("%Y-%m-%d %H:%M"), "torch": torch.__version__, "versions": versions(),
-        "device_name": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
-        "gpus": torch.cuda.device_count() if device.type == "cuda" else 0,
-        "peak_bf16": peak_flops(device, "bfloat16"), "smoke": args.smoke}}
-    sections = {"steps": lambda: section_steps(args, clock, device), "train": lambda: section_train(args, clock, work),
-                "ddp": lambda: section_ddp(args, clock, work), "sweep": lambda: section_sweep(args, clock, work)}
+    report: dict[str, Any] = {
+        "env": {
+            "date": time.strftime("%Y-%m-%d %H:%M"),
+            "torch": torch.__version__,
+            "versions": versions(),
+            "device_name": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
+            "gpus": torch.cuda.device_count() if device.type == "cuda" else 0,
+            "peak_bf16": peak_flops(device, "bfloat16"),
+            "smoke": args.smoke,
+        }
+    }
+    sections = {
+        "steps": lambda: section_steps(args, clock, device),
+        "train": lambda: section_train(args, clock, work),
+        "ddp": lambda: section_ddp(args, clock, work),
+        "sweep": lambda: section_sweep(args, clock, work),
+    }
     for name in args.sections:
         if clock.left() < args.reserve_s + 30:
             report[name] = {"skipped": "time budget"}

@@ -65,8 +65,9 @@ def _one(job: tuple[Any, dict[str, float], Noise, float, int, int, int, str, boo
     cells = grid_cells(grid)
     rng = np.random.default_rng([seed, i])
     v = inf.webb_weights(int(cells.max()) + 1, draws, rng)
-    state = inf.VariantInference.run(law.theta_, law.objective_, law.bounds(), data, cells, v, "huber", delta,
-                                     seed + i, errors)
+    state = inf.VariantInference.run(
+        law.theta_, law.objective_, law.bounds(), data, cells, v, "huber", delta, seed + i, errors
+    )
     iv = state.interval(0.95)
     p1 = inf.p_value(state.stat_at(1.0), state.null.stat)
     p0 = inf.p_value(state.stat_at(0.0), state.null.stat)
@@ -86,8 +87,15 @@ def _one(job: tuple[Any, dict[str, float], Noise, float, int, int, int, str, boo
         W = cell_counts(int(cells.max()) + 1, 200, rng)[:, cells]
         fits = refit_batch(data, W, law.theta_[None], bounds=law.bounds(), loss="huber", delta=delta, seed=rng)
         pct = percentile_ci(np.where(fits.phi_identifiable, fits.theta[:, PHI], np.nan), 0.95)
-    return {"phi": float(law.theta_[PHI]), "ci": iv["ci"], "p1": p1, "ruled1": ruled1, "p0": p0, "pct": pct,
-            "wall": wall}
+    return {
+        "phi": float(law.theta_[PHI]),
+        "ci": iv["ci"],
+        "p1": p1,
+        "ruled1": ruled1,
+        "p0": p0,
+        "pct": pct,
+        "wall": wall,
+    }
 
 
 def main() -> None:
@@ -108,18 +116,25 @@ def main() -> None:
         p = doc["variants"][doc.get("reference_variant") or "baseline"]["law"]["params"]
         demo_law = {k: p[k] for k in ("E", "A", "B", "alpha", "beta")}
     print(f"hardware: {hardware()}; {a.sims} tables per case, {a.draws} wild-bootstrap tables per fit")
-    print("grid   true phi | coverage | rejects phi=1 | 'rules out phi=1' | rejects phi=0 | mean / median width | "
-          "percentile: coverage, excl. 1, width | s/table")
+    print(
+        "grid   true phi | coverage | rejects phi=1 | 'rules out phi=1' | rejects phi=0 | mean / median width | "
+        "percentile: coverage, excl. 1, width | s/table"
+    )
     for g in a.grids.split(","):
         grid = _grid(g)
         if g == "paper":
-            coef, noise, delta = {k: PAPER_COEFFICIENTS[k] for k in ("E", "A", "B", "alpha", "beta")}, \
-                Noise(0.01, 0.005), 1e-3
+            coef, noise, delta = (
+                {k: PAPER_COEFFICIENTS[k] for k in ("E", "A", "B", "alpha", "beta")},
+                Noise(0.01, 0.005),
+                1e-3,
+            )
         else:
             coef, noise, delta = demo_law, Noise(0.04, 0.02), 0.02
         for phi in map(float, a.phis.split(",")):
-            jobs = [(grid, {**coef, "phi": phi}, noise, delta, a.draws, 12345, i, a.errors, not a.no_percentile)
-                    for i in range(a.sims)]
+            jobs = [
+                (grid, {**coef, "phi": phi}, noise, delta, a.draws, 12345, i, a.errors, not a.no_percentile)
+                for i in range(a.sims)
+            ]
             with ProcessPoolExecutor(a.workers) as ex:
                 rows = list(ex.map(_one, jobs))
             cov = np.mean([r["ci"][0] <= phi <= r["ci"][1] for r in rows])
@@ -133,10 +148,13 @@ def main() -> None:
             pex1 = np.mean([not lo <= 1.0 <= hi for lo, hi in pc]) if pc else np.nan
             pw = np.mean([hi - lo for lo, hi in pc]) if pc else np.nan
             mc = np.sqrt(0.05 * 0.95 / a.sims)
-            print(f"{g:6s} {phi:8.2f} | {cov:8.1%} | {rej1:13.1%} | {ruled1:16.1%} | {rej0:13.1%} | "
-                  f"{width:.3f} / {median:.3f} | "
-                  f"{pcov:.1%}, {pex1:.1%}, {pw:.3f} | {np.mean([r['wall'] for r in rows]):.2f}"
-                  f"   (MC sd of a 5% rate: {mc:.1%})", flush=True)
+            print(
+                f"{g:6s} {phi:8.2f} | {cov:8.1%} | {rej1:13.1%} | {ruled1:16.1%} | {rej0:13.1%} | "
+                f"{width:.3f} / {median:.3f} | "
+                f"{pcov:.1%}, {pex1:.1%}, {pw:.3f} | {np.mean([r['wall'] for r in rows]):.2f}"
+                f"   (MC sd of a 5% rate: {mc:.1%})",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -88,8 +88,9 @@ def main() -> None:
             "paper": PlainPaperGPT(args.vocab, d, args.L_eff, args.head_dim, args.seq_len),
         }
         for r in (1, 2, 4, 8):
-            cfg = ModelConfig(d_model=d, head_dim=args.head_dim, L_eff=args.L_eff, r=r, seq_len=args.seq_len,
-                              vocab_size=args.vocab)
+            cfg = ModelConfig(
+                d_model=d, head_dim=args.head_dim, L_eff=args.L_eff, r=r, seq_len=args.seq_len, vocab_size=args.vocab
+            )
             models[f"r={r}"] = LoopedLM(cfg)
         if args.compile:
             plain_c = PlainGPT(args.vocab, d, args.L_eff, args.head_dim, args.seq_len)
@@ -97,8 +98,14 @@ def main() -> None:
                 b.compile()
             models["plain+c"] = plain_c
             for r in (1, 8):
-                cfg = ModelConfig(d_model=d, head_dim=args.head_dim, L_eff=args.L_eff, r=r, seq_len=args.seq_len,
-                                  vocab_size=args.vocab)
+                cfg = ModelConfig(
+                    d_model=d,
+                    head_dim=args.head_dim,
+                    L_eff=args.L_eff,
+                    r=r,
+                    seq_len=args.seq_len,
+                    vocab_size=args.vocab,
+                )
                 m = LoopedLM(cfg)
                 for b in m.blocks():
                     b.compile()
@@ -117,8 +124,10 @@ def main() -> None:
         med = {k: statistics.median(v) for k, v in times.items()}
         tok = args.batch * args.seq_len
         print(f"\nd_model={d}  L_eff={args.L_eff}  T={args.seq_len}  batch={args.batch}  head_dim={args.head_dim}")
-        print(f"{'model':>8} {'ms/step':>9} {'tokens/s':>10} {'step / r=1':>11} {'r=1 speed / plain':>18}"
-              f" {'r=1 speed / paper':>18}")
+        print(
+            f"{'model':>8} {'ms/step':>9} {'tokens/s':>10} {'step / r=1':>11} {'r=1 speed / plain':>18}"
+            f" {'r=1 speed / paper':>18}"
+        )
         for k, t in med.items():
             rel = t / med["r=1+c" if k.endswith("+c") and "r=1+c" in med else "r=1"]
             base = "plain+c" if k.endswith("+c") else "plain"
@@ -127,8 +136,9 @@ def main() -> None:
             if k == "r=1":
                 extra += f" {med['paper'] / t:18.2f}"
             print(f"{k:>8} {t * 1e3:9.1f} {tok / t:10.0f} {rel:11.3f} {extra}")
-            results.append({"d_model": d, "model": k, "ms_per_step": t * 1e3, "tokens_per_s": tok / t,
-                            "step_ratio_to_r1": rel})
+            results.append(
+                {"d_model": d, "model": k, "ms_per_step": t * 1e3, "tokens_per_s": tok / t, "step_ratio_to_r1": rel}
+            )
     if args.json:
         args.json.write_text(json.dumps({"hardware": hardware(), "results": results}, indent=1))
 

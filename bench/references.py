@@ -26,13 +26,15 @@ def _on_path(path: Path) -> None:
         sys.path.insert(0, str(path))
 
 
-def nanogpt_step(path: Path, *, vocab: int, d: int, n_layer: int, head_dim: int, seq_len: int,
-                 x: torch.Tensor) -> Callable[[], None]:
+def nanogpt_step(
+    path: Path, *, vocab: int, d: int, n_layer: int, head_dim: int, seq_len: int, x: torch.Tensor
+) -> Callable[[], None]:
     _on_path(path)
     import model as nanogpt  # nanoGPT's model.py
 
-    cfg = nanogpt.GPTConfig(block_size=seq_len, vocab_size=vocab, n_layer=n_layer, n_head=d // head_dim,
-                            n_embd=d, dropout=0.0, bias=False)
+    cfg = nanogpt.GPTConfig(
+        block_size=seq_len, vocab_size=vocab, n_layer=n_layer, n_head=d // head_dim, n_embd=d, dropout=0.0, bias=False
+    )
     with contextlib.redirect_stdout(io.StringIO()):  # it prints its parameter count and optimiser groups
         m = nanogpt.GPT(cfg).to(x.device)
         opt = m.configure_optimizers(0.1, 6e-4, (0.9, 0.95), x.device.type)
@@ -48,8 +50,9 @@ def nanogpt_step(path: Path, *, vocab: int, d: int, n_layer: int, head_dim: int,
     return step
 
 
-def paper_step(path: Path, *, vocab: int, d: int, L_eff: int, head_dim: int, seq_len: int, r: int,
-               x: torch.Tensor) -> Callable[[], None]:
+def paper_step(
+    path: Path, *, vocab: int, d: int, L_eff: int, head_dim: int, seq_len: int, r: int, x: torch.Tensor
+) -> Callable[[], None]:
     """The paper's model in its sweep layout: 2 + (L_eff - 4)/r x r + 2, or r = 1 as its 0 + L_eff + 0 loop."""
     _on_path(path)
     import nanochat.gpt as gpt
@@ -66,8 +69,9 @@ def paper_step(path: Path, *, vocab: int, d: int, L_eff: int, head_dim: int, seq
         layout = dict(n_prelude=0, n_recur_block=L_eff, n_coda=0, num_recur=1, bptt_k=1, input_injection="passthrough")
     else:
         layout = dict(n_prelude=2, n_recur_block=(L_eff - 4) // r, n_coda=2, num_recur=r, bptt_k=r)
-    cfg = gpt.GPTConfig(sequence_len=seq_len, vocab_size=vocab, n_head=d // head_dim, n_kv_head=d // head_dim,
-                        n_embd=d, **layout)
+    cfg = gpt.GPTConfig(
+        sequence_len=seq_len, vocab_size=vocab, n_head=d // head_dim, n_kv_head=d // head_dim, n_embd=d, **layout
+    )
     with contextlib.redirect_stdout(io.StringIO()):
         with torch.device("meta"):
             m = gpt.GPT(cfg)

@@ -56,10 +56,22 @@ def main(argv: list[str]) -> int:
         probe = Path(tmp) / "index.html"  # beside nothing: the page is self-contained
         probe.write_text(page.read_text(encoding="utf-8").replace("</body>", PROBE), encoding="utf-8")
         dom = subprocess.run(
-            [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
-             f"--user-data-dir={tmp}/profile", "--host-resolver-rules=MAP * ~NOTFOUND",
-             f"--window-size={width},900", "--dump-dom", probe.as_uri()],
-            capture_output=True, text=True, timeout=120,
+            [
+                browser,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                "--no-first-run",
+                f"--user-data-dir={tmp}/profile",
+                "--host-resolver-rules=MAP * ~NOTFOUND",
+                f"--window-size={width},900",
+                "--dump-dom",
+                probe.as_uri(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
         ).stdout
     m = re.search(r'<pre id="report-width">(.*?)</pre>', dom, re.S)
     if m is None:

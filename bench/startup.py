@@ -30,8 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-TINY_FIT = ["--bootstrap", "0", "--restarts", "1", "--no-checks", "--no-per-r", "--no-restricted",
-            "--no-law-variants"]
+TINY_FIT = ["--bootstrap", "0", "--restarts", "1", "--no-checks", "--no-per-r", "--no-restricted", "--no-law-variants"]
 
 
 def hardware() -> str:
@@ -60,8 +59,9 @@ def timed(argv: list[str]) -> tuple[float, float, float]:
 def import_times(modules: list[str]) -> dict[str, float]:
     """Cumulative import seconds per module from one ``python -X importtime`` run that imports them in order."""
     code = "; ".join(f"import {m}" for m in modules)
-    err = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True,
-                         check=True).stderr
+    err = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, check=True
+    ).stderr
     out = {}
     for line in err.splitlines():
         parts = [p.strip() for p in line.removeprefix("import time:").split("|")]
@@ -80,8 +80,15 @@ def main() -> None:
     ls = [*py, "-m", "loopscale"]
     with tempfile.TemporaryDirectory() as tmp:
         runs, fit_file = Path(tmp) / "runs.csv", Path(tmp) / "fit.json"
-        subprocess.run([sys.executable, "-c", "from loopscale.fit import synthetic_runs; "
-                        f"synthetic_runs(0.46, seed=4).to_csv({str(runs)!r}, index=False)"], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "from loopscale.fit import synthetic_runs; "
+                f"synthetic_runs(0.46, seed=4).to_csv({str(runs)!r}, index=False)",
+            ],
+            check=True,
+        )
         commands = {
             "python -c pass": [*py, "-c", "pass"],
             "loopscale info --help": [*ls, "info", "--help"],
@@ -93,8 +100,7 @@ def main() -> None:
             "loopscale report --help": [*ls, "report", "--help"],
             "loopscale design --help": [*ls, "design", "--help"],
         }
-        print(f"\n{'command':<42} {'wall s':>7} {'min':>5} {'max':>5} {'cpu s':>6} "
-              f"{'startup s':>9} {'peak MB':>8}")
+        print(f"\n{'command':<42} {'wall s':>7} {'min':>5} {'max':>5} {'cpu s':>6} {'startup s':>9} {'peak MB':>8}")
         for name, argv in commands.items():
             walls, cpus, rss, own = [], [], [], []
             for _ in range(args.repeats):
@@ -106,8 +112,10 @@ def main() -> None:
                     own.append(json.loads(fit_file.read_text())["wall_s"])
             med = statistics.median
             start = f"{med(w - o for w, o in zip(walls, own, strict=True)):.2f}" if own else ""
-            print(f"{name:<42} {med(walls):7.2f} {min(walls):5.2f} {max(walls):5.2f} {med(cpus):6.2f} "
-                  f"{start:>9} {med(rss):8.0f}")
+            print(
+                f"{name:<42} {med(walls):7.2f} {min(walls):5.2f} {max(walls):5.2f} {med(cpus):6.2f} "
+                f"{start:>9} {med(rss):8.0f}"
+            )
     chain = ["loopscale.cli", "loopscale.fit", "pandas", "loopscale.fit.pipeline"]
     cum = import_times(chain)
     print("\nimport time of the fit command's chain (python -X importtime, cumulative, one run):")

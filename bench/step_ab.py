@@ -35,8 +35,11 @@ def main() -> None:
     print(f"hardware: {hardware()}  cpu kernels: {cpu_kernels.status()}")
     torch.manual_seed(0)
     x = torch.randint(0, VOCAB, (BATCH, T + 1))
-    steps = {"nanoGPT code (AdamW)": references.nanogpt_step(args.nanogpt, vocab=VOCAB, d=D, n_layer=L_EFF,
-                                                              head_dim=HEAD_DIM, seq_len=T, x=x)}
+    steps = {
+        "nanoGPT code (AdamW)": references.nanogpt_step(
+            args.nanogpt, vocab=VOCAB, d=D, n_layer=L_EFF, head_dim=HEAD_DIM, seq_len=T, x=x
+        )
+    }
     for optim in ("adamw", "muonh"):
         steps[f"loopscale r=1 {optim}"] = loopscale_step(optim, True, x)
         if cpu_kernels.library() is not None:

@@ -45,8 +45,14 @@ def part(name: str) -> str:
 def loopscale_step(optim: str, on: bool, x: torch.Tensor, kernels: bool = True):
     cfg = ModelConfig(d_model=D, head_dim=HEAD_DIM, L_eff=L_EFF, r=1, seq_len=T, vocab_size=VOCAB)
     model = LoopedLM(cfg)
-    opt = build_optimizers(model.param_groups(), OptimConfig(name=optim, transfer=False), d_model=D,
-                           tokens_per_step=BATCH * T, total_tokens=1e9, r=1)
+    opt = build_optimizers(
+        model.param_groups(),
+        OptimConfig(name=optim, transfer=False),
+        d_model=D,
+        tokens_per_step=BATCH * T,
+        total_tokens=1e9,
+        r=1,
+    )
 
     def step() -> None:
         fused.ENABLED, cpu_kernels.ENABLED = on, kernels
@@ -68,16 +74,19 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=12, help="largest other-aten ops listed per variant")
     args = ap.parse_args()
     tuned = tune_cpu_malloc()
-    print(f"hardware: {hardware()}  malloc: {'tuned (as the trainer)' if tuned else 'default'}  "
-          f"cpu kernels: {cpu_kernels.status()}")
+    print(
+        f"hardware: {hardware()}  malloc: {'tuned (as the trainer)' if tuned else 'default'}  "
+        f"cpu kernels: {cpu_kernels.status()}"
+    )
     torch.manual_seed(0)
     x = torch.randint(0, VOCAB, (BATCH, T + 1))
     steps = {}
     if args.nanogpt:
         import references
 
-        steps["nanoGPT code (AdamW)"] = references.nanogpt_step(args.nanogpt, vocab=VOCAB, d=D, n_layer=L_EFF,
-                                                                head_dim=HEAD_DIM, seq_len=T, x=x)
+        steps["nanoGPT code (AdamW)"] = references.nanogpt_step(
+            args.nanogpt, vocab=VOCAB, d=D, n_layer=L_EFF, head_dim=HEAD_DIM, seq_len=T, x=x
+        )
     for optim in args.optim:
         steps[f"loopscale r=1 {optim} unfused"] = loopscale_step(optim, False, x)
         if cpu_kernels.library() is not None:
@@ -100,8 +109,10 @@ def main() -> None:
                     ops[name][f"{e.key} {e.count}x {str(e.input_shapes)[:60]}"].append(ms)
             for p in PARTS:
                 parts[name][p].append(totals[p])
-    print(f"\nself CPU ms per step (median of {args.repeats} profiled steps), d={D} L_eff={L_EFF} T={T} "
-          f"batch={BATCH} head_dim={HEAD_DIM} V={VOCAB} fp32")
+    print(
+        f"\nself CPU ms per step (median of {args.repeats} profiled steps), d={D} L_eff={L_EFF} T={T} "
+        f"batch={BATCH} head_dim={HEAD_DIM} V={VOCAB} fp32"
+    )
     print(f"{'variant':>34} " + " ".join(f"{p:>15}" for p in PARTS) + f" {'total':>8}")
     for name in steps:
         med = [statistics.median(parts[name][p]) for p in PARTS]

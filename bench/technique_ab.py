@@ -48,8 +48,14 @@ def make_step(cfg: ModelConfig, x: torch.Tensor, before: bool = False):
     model = LoopedLM(cfg)
     if before:
         model._loop = _loop_before.__get__(model)  # type: ignore[method-assign]
-    opt = build_optimizers(model.param_groups(), OptimConfig(name="adamw", transfer=False), d_model=D,
-                           tokens_per_step=BATCH * T, total_tokens=1e9, r=cfg.r)
+    opt = build_optimizers(
+        model.param_groups(),
+        OptimConfig(name="adamw", transfer=False),
+        d_model=D,
+        tokens_per_step=BATCH * T,
+        total_tokens=1e9,
+        r=cfg.r,
+    )
 
     def step() -> float:
         loss = model(x[:, :-1], x[:, 1:])
@@ -81,10 +87,15 @@ def main() -> None:
     assert losses["linear, loop before"] == losses["linear, loop after"], losses  # the same bits
     assert losses["tbptt k=2, loop before"] == losses["tbptt k=2, loop after"], losses
     times = paired_rounds(steps, args.rounds, warmup=0)  # (the two losses above were the warm-up)
-    print(f"\n{args.rounds} rounds, d={D} L_eff={L_EFF} r={R} T={T} batch={BATCH} fp32 AdamW; first two losses "
-          "bitwise equal before/after")
-    pairs = {"linear, loop after": "linear, loop before", "tbptt k=2, loop after": "tbptt k=2, loop before",
-             "example GatedLoop": "linear, loop after"}
+    print(
+        f"\n{args.rounds} rounds, d={D} L_eff={L_EFF} r={R} T={T} batch={BATCH} fp32 AdamW; first two losses "
+        "bitwise equal before/after"
+    )
+    pairs = {
+        "linear, loop after": "linear, loop before",
+        "tbptt k=2, loop after": "tbptt k=2, loop before",
+        "example GatedLoop": "linear, loop after",
+    }
     print(f"{'variant':>24} {'median ms':>10} {'time / reference (median of rounds)':>36} {'IQR':>13}  reference")
     for name, t in times.items():
         ref = pairs.get(name)
@@ -93,8 +104,9 @@ def main() -> None:
             continue
         ratios = [a / b for a, b in zip(t, times[ref], strict=True)]
         q1, _, q3 = statistics.quantiles(ratios, n=4)
-        print(f"{name:>24} {statistics.median(t) * 1e3:10.0f} {statistics.median(ratios):36.3f} "
-              f"{q1:6.3f}-{q3:.3f}  {ref}")
+        print(
+            f"{name:>24} {statistics.median(t) * 1e3:10.0f} {statistics.median(ratios):36.3f} {q1:6.3f}-{q3:.3f}  {ref}"
+        )
 
 
 if __name__ == "__main__":

@@ -105,16 +105,21 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tuned = device.type == "cpu" and not args.default_malloc and tune_cpu_malloc()
-    print(f"hardware: {hardware()}  device: {device}  malloc: {'tuned (as the trainer)' if tuned else 'default'}"
-          + (f"  cpu kernels: {cpu_kernels.status()}" if device.type == "cpu" else ""))
+    print(
+        f"hardware: {hardware()}  device: {device}  malloc: {'tuned (as the trainer)' if tuned else 'default'}"
+        + (f"  cpu kernels: {cpu_kernels.status()}" if device.type == "cpu" else "")
+    )
     results = []
     for d in args.widths:
         x = torch.randint(0, args.vocab, (args.batch, args.seq_len + 1), device=device)
         variants: dict[str, tuple] = {}
         for dtype in args.dtypes:
             shape = (args.vocab, d, args.L_eff, args.head_dim, args.seq_len)
-            refs = (("nanoGPT adamw", PlainGPT, "adamw"), ("paper-plain adamw", PlainPaperGPT, "adamw"),
-                    ("paper-plain muonh", PlainPaperGPT, "muonh"))
+            refs = (
+                ("nanoGPT adamw", PlainGPT, "adamw"),
+                ("paper-plain adamw", PlainPaperGPT, "adamw"),
+                ("paper-plain muonh", PlainPaperGPT, "muonh"),
+            )
             for name, cls, optim in refs:
                 ref = cls(*shape).to(device)
                 variants[f"{name} {dtype}"] = (make_step(ref, plain_optimizer(ref, optim), x, device, dtype), None)
@@ -124,32 +129,53 @@ def main() -> None:
 
                 variants[f"nanoGPT code {dtype}"] = (
                     in_autocast(references.nanogpt_step(args.nanogpt, n_layer=args.L_eff, **shape_kw), device, dtype),
-                    None)
+                    None,
+                )
             if args.paper:
                 import references
 
                 for r in (1, 4):
-                    variants[f"paper code r={r} {dtype}"] = (in_autocast(references.paper_step(
-                        args.paper, L_eff=args.L_eff, r=r, **shape_kw), device, dtype), None)
+                    variants[f"paper code r={r} {dtype}"] = (
+                        in_autocast(
+                            references.paper_step(args.paper, L_eff=args.L_eff, r=r, **shape_kw), device, dtype
+                        ),
+                        None,
+                    )
             on_cpu = device.type == "cpu"
             unfused = [(r, "muonh", "unfused") for r in args.rs] + [(1, "adamw", "unfused")] if on_cpu else []
             no_c = [(1, "muonh", "no C"), (1, "adamw", "no C")] if on_cpu and cpu_kernels.library() else []
-            for compiled in ([False, True] if args.compile else [False]):
-                for r, optim, how in ([(r, "muonh", "") for r in args.rs] + [(1, "adamw", "")] + no_c + unfused):
+            for compiled in [False, True] if args.compile else [False]:
+                for r, optim, how in [(r, "muonh", "") for r in args.rs] + [(1, "adamw", "")] + no_c + unfused:
                     if compiled and how:
                         continue
-                    cfg = ModelConfig(d_model=d, head_dim=args.head_dim, L_eff=args.L_eff, r=r,
-                                      seq_len=args.seq_len, vocab_size=args.vocab)
+                    cfg = ModelConfig(
+                        d_model=d,
+                        head_dim=args.head_dim,
+                        L_eff=args.L_eff,
+                        r=r,
+                        seq_len=args.seq_len,
+                        vocab_size=args.vocab,
+                    )
                     m = LoopedLM(cfg).to(device)
                     if compiled:
                         for b in m.blocks():
                             b.compile()
-                    opt = build_optimizers(m.param_groups(), OptimConfig(name=optim, transfer=False), d_model=d,
-                                           tokens_per_step=args.batch * args.seq_len, total_tokens=1e9, r=r)
-                    name = (f"r={r} {dtype}{' compile' if compiled else ''}{' adamw' if optim == 'adamw' else ''}"
-                            f"{' ' + how if how else ''}")
-                    variants[name] = (with_fused(make_step(m, [opt], x, device, dtype), how != "unfused",
-                                                 how != "no C"), cfg)
+                    opt = build_optimizers(
+                        m.param_groups(),
+                        OptimConfig(name=optim, transfer=False),
+                        d_model=d,
+                        tokens_per_step=args.batch * args.seq_len,
+                        total_tokens=1e9,
+                        r=r,
+                    )
+                    name = (
+                        f"r={r} {dtype}{' compile' if compiled else ''}{' adamw' if optim == 'adamw' else ''}"
+                        f"{' ' + how if how else ''}"
+                    )
+                    variants[name] = (
+                        with_fused(make_step(m, [opt], x, device, dtype), how != "unfused", how != "no C"),
+                        cfg,
+                    )
         for name, (step, _) in variants.items():  # warm-up (and compile)
             t0 = time.perf_counter()
             step()
@@ -172,10 +198,13 @@ def main() -> None:
                 times[name].append((time.perf_counter() - t0) / args.steps)
         tok = args.batch * args.seq_len
         print(f"\nd_model={d} L_eff={args.L_eff} T={args.seq_len} batch={args.batch} head_dim={args.head_dim}")
-        print(f"{'variant':>28} {'ms/step':>9} {'tokens/s':>10} {'GFLOP/s':>9} {'vs same':>8} {'vs nanoGPT':>10}"
-              f" {'vs r=1':>7}" + (f" {'MFU':>6} {'GiB':>6}" if device.type == "cuda" else "")
-              + (f" {'vs nanoGPT code':>15}" if args.nanogpt else "")
-              + (f" {'vs paper r=1':>12}" if args.paper else ""))
+        print(
+            f"{'variant':>28} {'ms/step':>9} {'tokens/s':>10} {'GFLOP/s':>9} {'vs same':>8} {'vs nanoGPT':>10}"
+            f" {'vs r=1':>7}"
+            + (f" {'MFU':>6} {'GiB':>6}" if device.type == "cuda" else "")
+            + (f" {'vs nanoGPT code':>15}" if args.nanogpt else "")
+            + (f" {'vs paper r=1':>12}" if args.paper else "")
+        )
         med = {k: statistics.median(v) for k, v in times.items()}
         for name, (_, cfg) in variants.items():
             dtype = next(t for t in args.dtypes if f" {t}" in name)
@@ -189,10 +218,18 @@ def main() -> None:
             f_tok = accounting.train_flops_per_token(cfg) if cfg is not None else None
             flops = f_tok * tok / t if f_tok else None
             peak = peak_flops(device, dtype)
-            row = {"d_model": d, "variant": name, "ms_per_step": t * 1e3, "tokens_per_s": tok / t,
-                   "flops_per_s": flops, "speed_vs_same": same, "speed_vs_nanogpt": nano,
-                   "step_vs_r1": (t / med[r1]) if r1 in med else None,
-                   "mfu": flops / peak if (flops and peak) else None, "peak_mem_gib": mem.get(name)}
+            row = {
+                "d_model": d,
+                "variant": name,
+                "ms_per_step": t * 1e3,
+                "tokens_per_s": tok / t,
+                "flops_per_s": flops,
+                "speed_vs_same": same,
+                "speed_vs_nanogpt": nano,
+                "step_vs_r1": (t / med[r1]) if r1 in med else None,
+                "mfu": flops / peak if (flops and peak) else None,
+                "peak_mem_gib": mem.get(name),
+            }
             results.append(row)
             gf = f"{flops / 1e9:9.2f}" if flops else f"{'-':>9}"
             vr1 = f"{row['step_vs_r1']:7.3f}" if row["step_vs_r1"] else f"{'-':>7}"

@@ -54,8 +54,9 @@ CASES: dict[str, dict[str, Any]] = {
     "r4": dict(n_prelude=2, n_recur_block=2, n_coda=2, num_recur=4, bptt_k=4),
     "r8": dict(n_prelude=2, n_recur_block=1, n_coda=2, num_recur=8, bptt_k=8),
     "r4_tbptt": dict(n_prelude=2, n_recur_block=2, n_coda=2, num_recur=4, bptt_k=2),
-    "r4_hc": dict(n_prelude=2, n_recur_block=2, n_coda=2, num_recur=4, bptt_k=4, input_injection="hyperconnect",
-                  num_lanes=2),
+    "r4_hc": dict(
+        n_prelude=2, n_recur_block=2, n_coda=2, num_recur=4, bptt_k=4, input_injection="hyperconnect", num_lanes=2
+    ),
 }
 
 # paper-grid runs: (s, r, budget C, tokens per step B, probe)
@@ -66,9 +67,21 @@ GRID: list[tuple[int, int, float, int, str]] = [
     *[(s, r, c, 2**18, "hyperconnect") for s, c in ((18, 2.15e18), (12, 4.64e17)) for r in (2, 4, 8)],
 ]
 
-_ARGS = dict(num_iterations=-1, target_flops=-1.0, target_param_data_ratio=20, total_batch_size=2**18,
-             aspect_ratio=64, head_dim=128, max_seq_len=2048, embedding_lr=0.3, unembedding_lr=0.004,
-             matrix_lr=0.014, warmup_ratio=0.0, warmdown_ratio=1.0, final_lr_frac=0.1)
+_ARGS = dict(
+    num_iterations=-1,
+    target_flops=-1.0,
+    target_param_data_ratio=20,
+    total_batch_size=2**18,
+    aspect_ratio=64,
+    head_dim=128,
+    max_seq_len=2048,
+    embedding_lr=0.3,
+    unembedding_lr=0.004,
+    matrix_lr=0.014,
+    warmup_ratio=0.0,
+    warmdown_ratio=1.0,
+    final_lr_frac=0.1,
+)
 
 
 def _segment(text: str, start: str, end: str) -> str:
@@ -88,8 +101,9 @@ class Paper:
         self.lr_block = _segment(src, "param_counts = model.num_scaling_params()", "\nif resuming:\n")
         self.iter_block = _segment(src, "# num_iterations: either it is given", "# Training loop")
         try:
-            self.commit = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True,
-                                         text=True, check=True).stdout.strip()
+            self.commit = subprocess.run(
+                ["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+            ).stdout.strip()
         except (OSError, subprocess.CalledProcessError):
             self.commit = "unknown"
 
@@ -98,10 +112,16 @@ class Paper:
 
     def run_setup(self, model: Any, **args: Any) -> dict[str, Any]:
         """Execute the paper's lr and horizon lines for ``model``; return their namespace."""
-        ns: dict[str, Any] = {"args": SimpleNamespace(**{**_ARGS, **args}), "model": model,
-                              "model_config": model.config, "vocab_size": model.config.vocab_size,
-                              "GPT": self.gpt.GPT, "GPTConfig": self.gpt.GPTConfig, "torch": torch,
-                              "print0": lambda *a, **k: None}
+        ns: dict[str, Any] = {
+            "args": SimpleNamespace(**{**_ARGS, **args}),
+            "model": model,
+            "model_config": model.config,
+            "vocab_size": model.config.vocab_size,
+            "GPT": self.gpt.GPT,
+            "GPTConfig": self.gpt.GPTConfig,
+            "torch": torch,
+            "print0": lambda *a, **k: None,
+        }
         exec(compile(self.lr_block, "base_train.py[lr]", "exec"), ns)
         exec(compile(self.iter_block, "base_train.py[horizon]", "exec"), ns)
         return ns
@@ -132,8 +152,9 @@ def _perturb(model: Any, g: torch.Generator) -> None:
         p.copy_(p.bfloat16().float())
 
 
-def _train(model: Any, ns: dict[str, Any], x: torch.Tensor, y: torch.Tensor,
-           loss_scale: float = 1.0) -> tuple[list[float], list[float], float]:
+def _train(
+    model: Any, ns: dict[str, Any], x: torch.Tensor, y: torch.Tensor, loss_scale: float = 1.0
+) -> tuple[list[float], list[float], float]:
     """base_train.py's optimiser steps (one micro-batch each); the losses, lr multipliers, loss after."""
     optimizer, get_lr_multiplier = ns["optimizer"], ns["get_lr_multiplier"]
     losses, multipliers = [], []
@@ -175,15 +196,28 @@ def make_case(paper: Paper, name: str, fields: dict[str, Any], seed: int) -> dic
     # every update unchanged in exact arithmetic (orthogonalisation and Adam are scale-free) but moves the
     # gradients by float32 rounding; bf16 Polar Express amplifies such last-bit changes.
     model.load_state_dict(start)
-    noisy, _, noisy_after = _train(model, paper.run_setup(model, num_iterations=STEPS, total_batch_size=ROWS * T),
-                                   x, y, loss_scale=1 + 2**-20)
+    noisy, _, noisy_after = _train(
+        model, paper.run_setup(model, num_iterations=STEPS, total_batch_size=ROWS * T), x, y, loss_scale=1 + 2**-20
+    )
     self_noise = max(abs(a - b) for a, b in zip([*losses, after], [*noisy, noisy_after], strict=True))
-    save_file({**{f"weight/{k}": v for k, v in weights.items()}, "tokens": tokens,
-               "logits": logits.float().contiguous()}, str(OUT / f"{name}.safetensors"))
-    return {"gpt_config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}, "seed": seed,
-            "rows": ROWS, "steps": STEPS, "lrs": lrs, "lr_multipliers": multipliers, "losses": losses,
-            "loss_after": after, "self_noise": self_noise, "flops_per_token": model.estimate_flops(),
-            "D_ref": ns["D_REF"], "target_tokens": ns["target_tokens"]}
+    save_file(
+        {**{f"weight/{k}": v for k, v in weights.items()}, "tokens": tokens, "logits": logits.float().contiguous()},
+        str(OUT / f"{name}.safetensors"),
+    )
+    return {
+        "gpt_config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
+        "seed": seed,
+        "rows": ROWS,
+        "steps": STEPS,
+        "lrs": lrs,
+        "lr_multipliers": multipliers,
+        "losses": losses,
+        "loss_after": after,
+        "self_noise": self_noise,
+        "flops_per_token": model.estimate_flops(),
+        "D_ref": ns["D_REF"],
+        "target_tokens": ns["target_tokens"],
+    }
 
 
 def make_grid_run(paper: Paper, s: int, r: int, C: float, B: int, probe: str) -> dict[str, Any]:
@@ -196,16 +230,25 @@ def make_grid_run(paper: Paper, s: int, r: int, C: float, B: int, probe: str) ->
     if probe == "hyperconnect":
         fields.update(input_injection="hyperconnect", num_lanes=2)
     d = s * 64
-    cfg = paper.config(sequence_len=2048, vocab_size=32001, size=s, n_head=d // 128, n_kv_head=d // 128,
-                       n_embd=d, **fields)
+    cfg = paper.config(
+        sequence_len=2048, vocab_size=32001, size=s, n_head=d // 128, n_kv_head=d // 128, n_embd=d, **fields
+    )
     with torch.device("meta"):
         model = paper.gpt.GPT(cfg)
     ns = paper.run_setup(model, target_flops=C, total_batch_size=B)
-    return {"s": s, "r": r, "C": C, "tokens_per_step": B, "probe": probe,
-            "gpt_config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
-            "lrs": group_lrs(ns["optimizer"], probe == "hyperconnect"), "D_ref": ns["D_REF"],
-            "target_tokens": ns["target_tokens"], "num_iterations": ns["num_iterations"],
-            "flops_per_token": ns["num_flops_per_token"]}
+    return {
+        "s": s,
+        "r": r,
+        "C": C,
+        "tokens_per_step": B,
+        "probe": probe,
+        "gpt_config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
+        "lrs": group_lrs(ns["optimizer"], probe == "hyperconnect"),
+        "D_ref": ns["D_REF"],
+        "target_tokens": ns["target_tokens"],
+        "num_iterations": ns["num_iterations"],
+        "flops_per_token": ns["num_flops_per_token"],
+    }
 
 
 def main() -> None:
@@ -217,8 +260,11 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     cases = {name: make_case(paper, name, fields, seed) for seed, (name, fields) in enumerate(CASES.items())}
     grid = [make_grid_run(paper, *run) for run in GRID]
-    meta = {"paper_commit": paper.commit, "torch": torch.__version__,
-            "command": "python dev/paper_parity.py --paper PATH"}
+    meta = {
+        "paper_commit": paper.commit,
+        "torch": torch.__version__,
+        "command": "python dev/paper_parity.py --paper PATH",
+    }
     (OUT / "cases.json").write_text(json.dumps({"meta": meta, "cases": cases}, indent=1) + "\n")
     (OUT / "grid.json").write_text(json.dumps({"meta": meta, "runs": grid}, indent=1) + "\n")
     for name, c in cases.items():

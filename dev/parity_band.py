@@ -30,8 +30,10 @@ def main() -> None:
         band = tp._tolerance(name)
         gap = tp._loss_gap(name, tp._first_steps(name, tp.PARITY_OPTIM)[0])
         devs = [tp._loss_gap(name, tp._first_steps(name, *tp.DEVIATIONS[d])[0]) / band for d in names]
-        print(f"{name:9s} {gap:9.2e} {tp._own_noise(name):9.2e} {tp.CASES[name]['self_noise']:9.2e} {band:9.2e}  "
-              + "  ".join(f"{x:{len(d)}.1f}x" for x, d in zip(devs, names, strict=True)))
+        print(
+            f"{name:9s} {gap:9.2e} {tp._own_noise(name):9.2e} {tp.CASES[name]['self_noise']:9.2e} {band:9.2e}  "
+            + "  ".join(f"{x:{len(d)}.1f}x" for x, d in zip(devs, names, strict=True))
+        )
 
 
 if __name__ == "__main__":

@@ -21,10 +21,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # A small embedded-default data config: real text capped, a small world (fast to build and pack).
-TINY_DATA = {"real_text_bytes": 400_000, "world": {"n_entities": 60, "n_unseen_entities": 20,
-                                                  "eval_per_task": 20}}
-TINY_MODEL = {"d_model": 32, "head_dim": 16, "L_eff": 6, "n_prelude": 1, "n_coda": 1, "seq_len": 64,
-              "vocab_size": 257}
+TINY_DATA = {"real_text_bytes": 400_000, "world": {"n_entities": 60, "n_unseen_entities": 20, "eval_per_task": 20}}
+TINY_MODEL = {"d_model": 32, "head_dim": 16, "L_eff": 6, "n_prelude": 1, "n_coda": 1, "seq_len": 64, "vocab_size": 257}
 
 
 @pytest.fixture(autouse=True)
@@ -42,11 +40,20 @@ def tiny_sweep_spec(run: dict | None = None, **sweep) -> dict:
 
     model = {k: v for k, v in TINY_MODEL.items() if k != "d_model"}
     return {
-        "sweep": {"name": "tiny", "budgets": [2e9, 4e9], "r": [1, 2], "widths": {"2e9": [16, 32], "4e9": [16, 32]},
-                  "max_retries": 1, **sweep},
-        "train": {"model": model, "data": copy.deepcopy(TINY_DATA), "optim": {"transfer": False},
-                  "run": {"batch_size": 8, "threads": 1, "val_tokens": 4096, "min_steps": 5, "log_every": 10,
-                          **(run or {})}},
+        "sweep": {
+            "name": "tiny",
+            "budgets": [2e9, 4e9],
+            "r": [1, 2],
+            "widths": {"2e9": [16, 32], "4e9": [16, 32]},
+            "max_retries": 1,
+            **sweep,
+        },
+        "train": {
+            "model": model,
+            "data": copy.deepcopy(TINY_DATA),
+            "optim": {"transfer": False},
+            "run": {"batch_size": 8, "threads": 1, "val_tokens": 4096, "min_steps": 5, "log_every": 10, **(run or {})},
+        },
     }
 
 

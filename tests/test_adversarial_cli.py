@@ -29,8 +29,15 @@ LONG = {
     "model": {**TINY_MODEL, "r": 2},
     "data": TINY_DATA,
     "optim": {"transfer": False},
-    "run": {"steps": 100_000, "batch_size": 8, "threads": 1, "val_tokens": 4096, "min_steps": 5, "log_every": 1,
-            "ckpt_every": 0},
+    "run": {
+        "steps": 100_000,
+        "batch_size": 8,
+        "threads": 1,
+        "val_tokens": 4096,
+        "min_steps": 5,
+        "log_every": 1,
+        "ckpt_every": 0,
+    },
 }
 
 
@@ -57,9 +64,15 @@ def _spawn(args: list[str]) -> subprocess.Popen:
     """A command started as from a terminal: Ctrl-C's SIGINT at its default (a pytest worker may ignore it,
     and a child that inherits SIG_IGN never sees KeyboardInterrupt)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "loopscale", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return subprocess.Popen(
+        [sys.executable, "-m", "loopscale", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -71,7 +84,8 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
 
 
 def test_a_second_terminal_is_refused_then_ctrl_c_and_resume_lose_and_duplicate_nothing(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Terminal 1 trains; terminal 2 tries to train the same dir, export and evaluate it: each refused in one
     line naming the holder; terminal 1 gets Ctrl-C (130, a checkpoint, no half-written file); the rerun resumes
     and every step appears once."""
@@ -109,8 +123,9 @@ def test_a_second_terminal_is_refused_then_ctrl_c_and_resume_lose_and_duplicate_
 
     stopped = int(torch.load(run / "ckpt.pt", weights_only=False)["step"])
     assert 0 < stopped < 100_000
-    code, text = _cli(["train", str(cfg), "--out", str(run), "--no-progress", "--set", f"run.steps={stopped + 3}"],
-                      capsys)
+    code, text = _cli(
+        ["train", str(cfg), "--out", str(run), "--no-progress", "--set", f"run.steps={stopped + 3}"], capsys
+    )
     assert code == 2 and "different config" in text  # the run belongs to its config: a changed one is refused
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == sorted(set(steps)) and steps[-1] <= stopped  # nothing trained twice, nothing lost
@@ -126,11 +141,14 @@ def test_ctrl_c_in_a_long_fit_exits_130_and_leaves_no_file(tmp_path: Path) -> No
         for r in (1, 2, 4):
             for n in (3e4, 6e4, 1.2e5):
                 d = c / (6 * n * (1 + r))
-                loss = 2 + 40 * (n + r ** 0.5 * n) ** -0.3 + 300 * d ** -0.3 + rng.normal(0, 0.003)
+                loss = 2 + 40 * (n + r**0.5 * n) ** -0.3 + 300 * d**-0.3 + rng.normal(0, 0.003)
                 rows.append(f"{r},{n},{n},{d},{loss},{c}")
     csv = tmp_path / "runs.csv"  # one failed run: the fit says it excluded it just before it starts fitting
-    csv.write_text("r,N_once,N_rec,D,val_loss,C,status\n" + "".join(f"{row},ok\n" for row in rows)
-                   + "2,1e5,1e5,1e7,9.9,1e13,failed\n")
+    csv.write_text(
+        "r,N_once,N_rec,D,val_loss,C,status\n"
+        + "".join(f"{row},ok\n" for row in rows)
+        + "2,1e5,1e5,1e7,9.9,1e13,failed\n"
+    )
     out = tmp_path / "out"
     out.mkdir()
     proc = _spawn(["fit", str(csv), "-o", str(out / "fit.json"), "--bootstrap", "100000", "--restarts", "20"])
@@ -186,6 +204,7 @@ def read_only(folder: Path) -> Iterator[None]:
             if below(dst if dst is not None else src):
                 refuse(dst if dst is not None else src)
             return real[name](src, *((dst,) if dst is not None else ()), *a, **k)
+
         return f
 
     mp = _pytest.MonkeyPatch()
@@ -214,8 +233,12 @@ def read_only(folder: Path) -> Iterator[None]:
 def _fit_table(tmp_path: Path) -> Path:
     csv = tmp_path / "runs.csv"
     rows = [(r, n, d) for r in (1, 2, 4) for n in (1e5, 2e5, 4e5) for d in (1e7, 3e7)]
-    csv.write_text("r,N_once,N_rec,D,val_loss,C\n" + "".join(
-        f"{r},{n},{n},{d},{2 + 30 * (n + r ** 0.5 * n) ** -0.3 + 300 * d ** -0.3},{6 * n * d}\n" for r, n, d in rows))
+    csv.write_text(
+        "r,N_once,N_rec,D,val_loss,C\n"
+        + "".join(
+            f"{r},{n},{n},{d},{2 + 30 * (n + r**0.5 * n) ** -0.3 + 300 * d**-0.3},{6 * n * d}\n" for r, n, d in rows
+        )
+    )
     return csv
 
 
@@ -245,8 +268,7 @@ def test_a_read_only_place_is_one_line_naming_the_path_for_every_writer(tmp_path
     assert _tree(tmp_path) == before  # nothing written anywhere, nothing half-written in ro/
 
 
-def test_a_hostile_sweep_dir_is_named_run_by_run_and_nothing_outside_is_read_or_touched(
-        tmp_path: Path, capsys) -> None:
+def test_a_hostile_sweep_dir_is_named_run_by_run_and_nothing_outside_is_read_or_touched(tmp_path: Path, capsys) -> None:
     """A colleague's sweep dir: one run dir links out of the sweep, one plan names an id outside it, one result
     has a string loss. `collect` writes the table of the good runs, names each bad one and exits 1; `sweep run`
     refuses the link in one line; nothing outside the sweep dir is read into the table or changed."""
@@ -257,17 +279,20 @@ def test_a_hostile_sweep_dir_is_named_run_by_run_and_nothing_outside_is_read_or_
     ids = [rs.run_id for rs in spec.runs()]
     good, linked, renamed, crafted = ids[:4]
     for rid in ids:
-        (store.run_dir(rid) / "result.json").write_text(json.dumps(
-            {"status": "ok", "val_loss": 3.0, "r": 2, "N_once": 1000, "N_rec": 500, "D": 1e6}))
+        (store.run_dir(rid) / "result.json").write_text(
+            json.dumps({"status": "ok", "val_loss": 3.0, "r": 2, "N_once": 1000, "N_rec": 500, "D": 1e6})
+        )
     outside = tmp_path / "outside"
     (store.runs_dir / linked).rename(outside)
     (store.runs_dir / linked).symlink_to(outside, target_is_directory=True)
-    (outside / "result.json").write_text(json.dumps(
-        {"status": "ok", "val_loss": 99.0, "r": 2, "N_once": 1, "N_rec": 1, "D": 1}))
+    (outside / "result.json").write_text(
+        json.dumps({"status": "ok", "val_loss": 99.0, "r": 2, "N_once": 1, "N_rec": 1, "D": 1})
+    )
     meta = json.loads((store.run_dir(renamed) / "sweep.json").read_text())
     (store.run_dir(renamed) / "sweep.json").write_text(json.dumps({**meta, "run_id": "../../outside"}))
-    (store.run_dir(crafted) / "result.json").write_text(json.dumps(
-        {"status": "ok", "val_loss": "low", "r": 2, "N_once": 1000, "N_rec": 500, "D": 1e6}))
+    (store.run_dir(crafted) / "result.json").write_text(
+        json.dumps({"status": "ok", "val_loss": "low", "r": 2, "N_once": 1000, "N_rec": 500, "D": 1e6})
+    )
     outside_before = _tree(outside)
 
     code, text = _cli(["sweep", "collect", str(store.root)], capsys)
@@ -296,7 +321,8 @@ def test_a_second_spec_for_a_sweep_dir_is_refused_and_changes_nothing(tmp_path: 
     before = _tree(root)
     line = _one_error(*_cli(["sweep", "run", str(spec_b), "--out", str(root), "--no-progress"], capsys), 2)
     assert "already holds another spec" in line and "--change-spec" in line
-    line = _one_error(*_cli(["sweep", "run", str(root), "--set", "train.optim.lr_scale=3.0", "--no-progress"],
-                            capsys), 2)
+    line = _one_error(
+        *_cli(["sweep", "run", str(root), "--set", "train.optim.lr_scale=3.0", "--no-progress"], capsys), 2
+    )
     assert "already holds another spec" in line
     assert _tree(root) == before

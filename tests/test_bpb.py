@@ -37,8 +37,14 @@ def test_val_bpb_is_the_nats_of_text_tokens_over_ln2_bytes() -> None:
     tok = ByteTokenizer()
     rows = torch.tensor([[tok.bos_id, *tok.encode(t)][:17] for t in TEXTS])
     rows[1, 8] = tok.bos_id  # a document boundary inside a row: its loss and bytes are left out
-    stats = val_loss_stats(model, rows, micro_batch=2, device=torch.device("cpu"), dtype="float32",
-                           token_bytes=torch.from_numpy(token_bytes(tok)))
+    stats = val_loss_stats(
+        model,
+        rows,
+        micro_batch=2,
+        device=torch.device("cpu"),
+        dtype="float32",
+        token_bytes=torch.from_numpy(token_bytes(tok)),
+    )
     with torch.no_grad():
         nll = model(rows[:, :-1], rows[:, 1:], reduction="none").view(3, -1).double()
     text = rows[:, 1:] != tok.bos_id

@@ -63,7 +63,8 @@ def test_a_raw_pickle_that_would_run_code_is_never_unpickled(tmp_path: Path, cap
 
 @pytest.mark.parametrize("damage", ["truncated", "empty", "not a checkpoint"])
 def test_a_damaged_checkpoint_is_moved_aside_with_a_warning_and_the_run_restarts_bitwise(
-        tmp_path: Path, capsys, damage: str) -> None:
+    tmp_path: Path, capsys, damage: str
+) -> None:
     cfg = cfg_with("run.ckpt_every=0", steps=12)
     straight = train(cfg, tmp_path / "straight", progress=False)
     run_dir = tmp_path / "run"
@@ -89,9 +90,11 @@ def test_a_damaged_checkpoint_is_moved_aside_with_a_warning_and_the_run_restarts
 
 def _killed_mid_write(target: Path) -> None:
     """A process killed by SIGKILL inside ``atomic_write_bytes(target)``, after writing, before the rename."""
-    code = ("import os, signal, sys; import loopscale.io as io; "
-            "os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL); "
-            "io.atomic_write_bytes(sys.argv[1], b'x' * 100_000)")
+    code = (
+        "import os, signal, sys; import loopscale.io as io; "
+        "os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL); "
+        "io.atomic_write_bytes(sys.argv[1], b'x' * 100_000)"
+    )
     proc = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True)
     assert proc.returncode == -signal.SIGKILL
     assert not target.exists()

@@ -51,8 +51,9 @@ FAILURES: dict[str, tuple[BaseException, int, str]] = {
 
 @pytest.mark.parametrize("failure", sorted(FAILURES))
 @pytest.mark.parametrize("path", [path for path, _ in COMMANDS], ids=lambda p: " ".join(p))
-def test_a_failure_in_any_command_is_one_line_and_a_non_zero_exit(path: tuple[str, ...], failure: str,
-                                                                  monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+def test_a_failure_in_any_command_is_one_line_and_a_non_zero_exit(
+    path: tuple[str, ...], failure: str, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
     exc, code, line = FAILURES[failure]
 
     def failing() -> None:
@@ -71,8 +72,10 @@ def test_ctrl_c_in_a_real_fit_exits_130_and_writes_no_fit_file(tmp_path: Path, m
 
     csv = tmp_path / "runs.csv"
     rows = [(r, n, d) for r in (1, 2) for n in (1e5, 2e5) for d in (1e7, 2e7)]
-    csv.write_text("r,N_once,N_rec,D,val_loss,C\n" + "".join(
-        f"{r},{n},{n},{d},{3 + 1e3 / n + 1e2 / d},{6 * n * d}\n" for r, n, d in rows))
+    csv.write_text(
+        "r,N_once,N_rec,D,val_loss,C\n"
+        + "".join(f"{r},{n},{n},{d},{3 + 1e3 / n + 1e2 / d},{6 * n * d}\n" for r, n, d in rows)
+    )
 
     def interrupted(*args: Any, **kwargs: Any) -> None:
         raise KeyboardInterrupt

@@ -60,8 +60,9 @@ def _required(cmd: Any) -> list[Any]:
     return [p for p in cmd.params if p.required]
 
 
-@pytest.mark.parametrize(("path", "cmd"), [(p, c) for p, c in LEAVES if _required(c)],
-                         ids=_ids([(p, c) for p, c in LEAVES if _required(c)]))
+@pytest.mark.parametrize(
+    ("path", "cmd"), [(p, c) for p, c in LEAVES if _required(c)], ids=_ids([(p, c) for p, c in LEAVES if _required(c)])
+)
 def test_a_missing_required_argument_is_one_line_and_exit_2(path, cmd, capsys) -> None:
     code, text = _run(list(path), capsys)
     _assert_usage_error(code, text)
@@ -84,8 +85,14 @@ def test_an_unknown_subcommand_is_one_line_and_exit_2(path, cmd, capsys) -> None
 
 @pytest.mark.parametrize(
     "argv",
-    [["nosuchcmd"], ["report", "somedir"], ["eval", "--batch-size", "0", "x"], ["sweep", "run"],
-     ["train", "--bogus"], ["info", "--budget", "lots"]],
+    [
+        ["nosuchcmd"],
+        ["report", "somedir"],
+        ["eval", "--batch-size", "0", "x"],
+        ["sweep", "run"],
+        ["train", "--bogus"],
+        ["info", "--budget", "lots"],
+    ],
 )
 def test_the_issue_examples(argv: list[str], capsys) -> None:
     _assert_usage_error(*_run(argv, capsys))

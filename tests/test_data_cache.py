@@ -150,8 +150,9 @@ def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.mark.parametrize("packing_mode", ["best_fit_crop", "best_fit_split"])
-def test_the_streamed_cache_reads_every_step_the_rows_packing_in_memory_gave(tmp_path: Path, own_cache: Path,
-                                                                          packing_mode: str) -> None:
+def test_the_streamed_cache_reads_every_step_the_rows_packing_in_memory_gave(
+    tmp_path: Path, own_cache: Path, packing_mode: str
+) -> None:
     shards = write_shards(tmp_path / "shards", 4, 30_000)
     cfg = data_cfg(source="shards", paths=[str(shards)], bos_id=BOS, seed=7, packing=packing_mode)
     docs = [d for f in sorted(shards.iterdir()) for d in sources.shard_documents(sources.read_shard(f), BOS)]
@@ -186,10 +187,11 @@ def test_shard_documents_are_the_same_read_whole_or_window_by_window(tmp_path: P
         toks.tofile(tmp_path / f"{t}.u16")
         for window in (1, 2, 5, 64, 10_000):
             for cap in (None, 7, 150):
-                whole = [d.tolist() for d in sources.shard_documents(sources.read_shard(tmp_path / f"{t}.u16"),
-                                                                     0, cap)]
-                streamed = [d.tolist() for d in sources.iter_shard_documents(tmp_path / f"{t}.u16", 0,
-                                                                             max_tokens=cap, window=window)]
+                whole = [d.tolist() for d in sources.shard_documents(sources.read_shard(tmp_path / f"{t}.u16"), 0, cap)]
+                streamed = [
+                    d.tolist()
+                    for d in sources.iter_shard_documents(tmp_path / f"{t}.u16", 0, max_tokens=cap, window=window)
+                ]
                 assert streamed == whole, (t, window, cap)
 
 
@@ -197,8 +199,9 @@ def test_shard_documents_are_the_same_read_whole_or_window_by_window(tmp_path: P
 def test_the_holdout_is_the_smallest_digests_even_when_their_prefixes_tie(prefix: int) -> None:
     for n in (0, 1, 2, 3, 40, 1000, 3000):
         for frac in (0.05, 0.3):
-            assert np.array_equal(sources._holdout(n, frac, "loopscale.holdout", prefix),
-                                  old_holdout(n, frac, "loopscale.holdout")), (n, frac)
+            assert np.array_equal(
+                sources._holdout(n, frac, "loopscale.holdout", prefix), old_holdout(n, frac, "loopscale.holdout")
+            ), (n, frac)
 
 
 def test_the_row_order_is_the_list_shuffle_packing_always_used() -> None:
@@ -209,8 +212,9 @@ def test_the_row_order_is_the_list_shuffle_packing_always_used() -> None:
 
 
 @pytest.mark.parametrize("packing_mode", ["best_fit_crop", "best_fit_split"])
-def test_the_packer_never_holds_more_than_its_buffer_of_pieces_of_one_row(monkeypatch: pytest.MonkeyPatch,
-                                                                        packing_mode: str) -> None:
+def test_the_packer_never_holds_more_than_its_buffer_of_pieces_of_one_row(
+    monkeypatch: pytest.MonkeyPatch, packing_mode: str
+) -> None:
     peak = {"size": 0, "piece": 0}
     add = packing._Buffer.add
 
@@ -227,21 +231,36 @@ def test_the_packer_never_holds_more_than_its_buffer_of_pieces_of_one_row(monkey
 
 def test_rows_are_stored_as_uint16_when_ids_fit_and_int32_otherwise(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
-    stream = np.concatenate([np.concatenate([[70_000], rng.integers(0, 69_999, size=int(k))])
-                             for k in rng.integers(1, 50, size=400)])
+    stream = np.concatenate(
+        [np.concatenate([[70_000], rng.integers(0, 69_999, size=int(k))]) for k in rng.integers(1, 50, size=400)]
+    )
     stream.astype(np.uint32).tofile(tmp_path / "big.u32")
-    td = load_token_data(data_cfg(source="shards", paths=[str(tmp_path / "big.u32")], bos_id=70_000), 16,
-                         use_cache=False)
+    td = load_token_data(
+        data_cfg(source="shards", paths=[str(tmp_path / "big.u32")], bos_id=70_000), 16, use_cache=False
+    )
     assert td.train.dtype == np.int32 and td.max_id == 70_000 and int(td.train.max()) == 70_000
     (stream % 1000).astype(np.uint32).tofile(tmp_path / "small.u32")
-    assert load_token_data(data_cfg(source="shards", paths=[str(tmp_path / "small.u32")], bos_id=0), 16,
-                           use_cache=False).train.dtype == np.int32  # u32 files: ids may not fit
+    assert (
+        load_token_data(
+            data_cfg(source="shards", paths=[str(tmp_path / "small.u32")], bos_id=0), 16, use_cache=False
+        ).train.dtype
+        == np.int32
+    )  # u32 files: ids may not fit
     (stream % 1000).astype(np.uint16).tofile(tmp_path / "small.u16")
-    assert load_token_data(data_cfg(source="shards", paths=[str(tmp_path / "small.u16")], bos_id=0), 16,
-                           use_cache=False).train.dtype == np.uint16
-    assert load_token_data(DataConfig(real_text_bytes=50_000, world={"n_entities": 5, "n_unseen_entities": 5,
-                                                                     "eval_per_task": 5}), 32,
-                           use_cache=False).train.dtype == np.uint16  # bytes: 257 ids
+    assert (
+        load_token_data(
+            data_cfg(source="shards", paths=[str(tmp_path / "small.u16")], bos_id=0), 16, use_cache=False
+        ).train.dtype
+        == np.uint16
+    )
+    assert (
+        load_token_data(
+            DataConfig(real_text_bytes=50_000, world={"n_entities": 5, "n_unseen_entities": 5, "eval_per_task": 5}),
+            32,
+            use_cache=False,
+        ).train.dtype
+        == np.uint16
+    )  # bytes: 257 ids
 
 
 def test_readers_map_the_published_entry_read_only_and_do_not_rebuild_it(tmp_path: Path, own_cache: Path) -> None:
@@ -261,8 +280,14 @@ def test_readers_map_the_published_entry_read_only_and_do_not_rebuild_it(tmp_pat
 def test_a_build_killed_midway_publishes_nothing_and_the_next_run_rebuilds(tmp_path: Path, own_cache: Path) -> None:
     shards = write_shards(tmp_path / "shards", 2, 100_000)
     raw = {"source": "shards", "paths": [str(shards)], "bos_id": BOS}
-    proc = subprocess.run([sys.executable, "-c", CRASH, json.dumps(raw), "16"], env=child_env(own_cache.parent),
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", CRASH, json.dumps(raw), "16"],
+        env=child_env(own_cache.parent),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == -9, proc.stderr
     key = batches._cache_key(data_cfg(**raw), 16)
     leftovers = list(own_cache.glob(f".{key}.*.tmp"))
@@ -282,8 +307,9 @@ def test_an_entry_whose_files_do_not_match_its_meta_is_rebuilt(tmp_path: Path, o
     assert again.built and np.array_equal(again.train, good)
 
 
-def test_a_builder_that_loses_the_race_to_publish_keeps_the_winners_entry(tmp_path: Path, own_cache: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_builder_that_loses_the_race_to_publish_keeps_the_winners_entry(
+    tmp_path: Path, own_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Where the file system has no locks, two builders may run at once: the rename decides."""
     import contextlib
 
@@ -315,8 +341,18 @@ def test_concurrent_builders_of_one_key_wait_for_the_lock_and_build_once(tmp_pat
         procs = []
         for i in range(2):
             err = open(tmp_path / f"err{i}", "w+")  # noqa: SIM115
-            procs.append((subprocess.Popen([sys.executable, "-c", LOAD, json.dumps(raw), "64"], env=env,
-                                           stdout=subprocess.PIPE, stderr=err, text=True), err))
+            procs.append(
+                (
+                    subprocess.Popen(
+                        [sys.executable, "-c", LOAD, json.dumps(raw), "64"],
+                        env=env,
+                        stdout=subprocess.PIPE,
+                        stderr=err,
+                        text=True,
+                    ),
+                    err,
+                )
+            )
         t0 = time.time()
         while not all("waiting for another process" in (tmp_path / f"err{i}").read_text() for i in range(2)):
             assert time.time() - t0 < 120 and all(p.poll() is None for p, _ in procs)
@@ -350,8 +386,9 @@ def corpus_1e8(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.long
 @pytest.mark.parametrize("packing_mode", ["best_fit_crop", "best_fit_split"])
-def test_building_the_cache_from_1e8_tokens_peaks_far_below_holding_them(corpus_1e8: Path, tmp_path: Path,
-                                                                        packing_mode: str) -> None:
+def test_building_the_cache_from_1e8_tokens_peaks_far_below_holding_them(
+    corpus_1e8: Path, tmp_path: Path, packing_mode: str
+) -> None:
     """Peak RSS of a fresh process building the cache (T = 2048, hold-out validation: three passes).
 
     Bounds: under 600 MiB in all (the interpreter with torch is ~230 MiB), and under 200 MiB above the
@@ -360,12 +397,17 @@ def test_building_the_cache_from_1e8_tokens_peaks_far_below_holding_them(corpus_
     to 2,049 ids) and ~42 MiB (split).
     """
     raw = {"source": "shards", "paths": [str(corpus_1e8)], "bos_id": BOS, "packing": packing_mode}
-    proc = subprocess.run([sys.executable, "-c", MEASURE, json.dumps(raw), "2048"], capture_output=True, text=True,
-                          env=child_env(tmp_path / "cache"), timeout=300, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", MEASURE, json.dumps(raw), "2048"],
+        capture_output=True,
+        text=True,
+        env=child_env(tmp_path / "cache"),
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     m = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(f"{packing_mode}: peak {m['peak_mib']:.0f} MiB, after imports {m['before_mib']:.0f} MiB, "
-          f"{m['rows']} rows")
+    print(f"{packing_mode}: peak {m['peak_mib']:.0f} MiB, after imports {m['before_mib']:.0f} MiB, {m['rows']} rows")
     assert m["built"] and m["rows"] * 2049 > 0.3e8
     assert m["peak_mib"] < 600
     assert m["peak_mib"] - m["before_mib"] < 200
@@ -377,11 +419,14 @@ def test_the_paper_preset_refuses_the_embedded_default_but_the_cpu_presets_use_i
 
     paper = load_spec("paper", ["train.run.device='cpu'"]).runs()[0].config
     assert paper.data.source == "default" and not paper.data.allow_default
-    one_line = (r"^data\.source: the embedded default \(an 8M-token stand-in\) is refused by "
-                r"data\.allow_default = false \(\[train\.data\] of the paper preset\): set data\.source and "
-                r"data\.paths to your data, or data\.allow_default = true to train on the stand-in anyway$")
+    one_line = (
+        r"^data\.source: the embedded default \(an 8M-token stand-in\) is refused by "
+        r"data\.allow_default = false \(\[train\.data\] of the paper preset\): set data\.source and "
+        r"data\.paths to your data, or data\.allow_default = true to train on the stand-in anyway$"
+    )
     with pytest.raises(ConfigError, match=one_line):
         load_token_data(paper.data, 2048)
+
     def no_build(*args, **kwargs):
         raise AssertionError("the refused data was built")
 
@@ -392,8 +437,11 @@ def test_the_paper_preset_refuses_the_embedded_default_but_the_cpu_presets_use_i
             train(paper, tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
     batches.check_allowed(load_spec("paper", ["train.data.allow_default=true"]).runs()[0].config.data)
-    batches.check_allowed(load_spec("paper", ["train.data.source='shards'", f"train.data.paths=['{tmp_path}']",
-                                              "train.data.bos_id=1"]).runs()[0].config.data)
+    batches.check_allowed(
+        load_spec("paper", ["train.data.source='shards'", f"train.data.paths=['{tmp_path}']", "train.data.bos_id=1"])
+        .runs()[0]
+        .config.data
+    )
     for preset in ("demo", "quick", "study"):
         assert all(rs.config.data.allow_default for rs in load_spec(preset).runs()), preset
     assert DataConfig().allow_default

@@ -13,20 +13,34 @@ from loopscale.config.data import DataConfig
 from loopscale.data.mixture import build_default
 from loopscale.errors import ConfigError
 
-SMALL = ["--set", "data.real_text_bytes=100000", "--set", "data.world.n_entities=30",
-         "--set", "data.world.n_unseen_entities=10", "--set", "data.world.eval_per_task=20"]
+SMALL = [
+    "--set",
+    "data.real_text_bytes=100000",
+    "--set",
+    "data.world.n_entities=30",
+    "--set",
+    "data.world.n_unseen_entities=10",
+    "--set",
+    "data.world.eval_per_task=20",
+]
 
 
-@pytest.mark.parametrize(("data", "field", "words"), [
-    ({"source": "csv"}, "data.source", "'default'"),
-    ({"source": "shards"}, "data.paths", "needs data.paths"),
-    ({"world_share": 0}, "data.world_share", "greater than 0"),
-    ({"world_share": 1}, "data.world_share", "less than 1"),
-    ({"colour": "red"}, "data.colour", "unknown key"),
-    ({"world": {"n_entities": 0}}, "data.world.n_entities", "greater than 0"),
-    ({"world": {"mix": {a: 0 for a in ("knowledge", "reading", "math", "reasoning", "symbolic")}}},
-     "data.world.mix", "positive weight"),
-])
+@pytest.mark.parametrize(
+    ("data", "field", "words"),
+    [
+        ({"source": "csv"}, "data.source", "'default'"),
+        ({"source": "shards"}, "data.paths", "needs data.paths"),
+        ({"world_share": 0}, "data.world_share", "greater than 0"),
+        ({"world_share": 1}, "data.world_share", "less than 1"),
+        ({"colour": "red"}, "data.colour", "unknown key"),
+        ({"world": {"n_entities": 0}}, "data.world.n_entities", "greater than 0"),
+        (
+            {"world": {"mix": {a: 0 for a in ("knowledge", "reading", "math", "reasoning", "symbolic")}}},
+            "data.world.mix",
+            "positive weight",
+        ),
+    ],
+)
 def test_a_bad_data_config_is_a_one_line_error_naming_the_field(data: dict, field: str, words: str) -> None:
     with pytest.raises(ConfigError) as err:
         validate(DataConfig, data, source="cfg.toml", prefix="data")
@@ -60,8 +74,10 @@ def test_data_describe_json_reports_tokens_shares_and_entropy(capsys: pytest.Cap
 
 def test_data_describe_reads_the_data_table_of_a_config_file(tmp_path, capsys) -> None:
     cfg = tmp_path / "run.toml"
-    cfg.write_text("[model]\nd_model = 64\n\n[data]\nseed = 3\nreal_text_bytes = 100000\n"
-                   "[data.world]\nn_entities = 30\nn_unseen_entities = 10\neval_per_task = 20\n")
+    cfg.write_text(
+        "[model]\nd_model = 64\n\n[data]\nseed = 3\nreal_text_bytes = 100000\n"
+        "[data.world]\nn_entities = 30\nn_unseen_entities = 10\neval_per_task = 20\n"
+    )
     assert run_app(["data", "describe", str(cfg)]) == 0
     out = capsys.readouterr().out
     assert "seed=3" in out and "unigram entropy" in out and "bio_qa_unseen" in out

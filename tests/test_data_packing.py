@@ -62,8 +62,10 @@ def _mixed_docs(n: int, seq_len: int, seed: int) -> list[list[int]]:
     """Lengths from empty to 5 rows: short ones, ones right at the row size, long ones, many ties."""
     rng = random.Random(seed)
     lengths = [0, 1, 2, seq_len // 3, seq_len // 2, seq_len - 1, seq_len, seq_len + 1, 2 * seq_len, 5 * seq_len]
-    return [[rng.randrange(256) for _ in range(rng.choice(lengths) if rng.random() < 0.5
-                                               else rng.randrange(3 * seq_len))] for _ in range(n)]
+    return [
+        [rng.randrange(256) for _ in range(rng.choice(lengths) if rng.random() < 0.5 else rng.randrange(3 * seq_len))]
+        for _ in range(n)
+    ]
 
 
 def _tagged_docs(n: int, seq_len: int, seed: int = 0) -> list[list[int]]:
@@ -135,8 +137,10 @@ def test_packing_is_deterministic_and_depends_only_on_the_seed_and_seq_len(packi
     a = pack_rows(docs, 64, BOS, seed=3, packing=packing)
     assert torch.equal(a, pack_rows(docs, 64, BOS, seed=3, packing=packing))
     assert not torch.equal(a, pack_rows(docs, 64, BOS, seed=4, packing=packing))
-    assert torch.equal(pack_rows(docs, 64, BOS, seed=3, shuffle=False, packing=packing),
-                       pack_rows(docs, 64, BOS, seed=4, shuffle=False, packing=packing))
+    assert torch.equal(
+        pack_rows(docs, 64, BOS, seed=3, shuffle=False, packing=packing),
+        pack_rows(docs, 64, BOS, seed=4, shuffle=False, packing=packing),
+    )
 
 
 def test_packed_rows_of_tokenized_text_decode_to_the_text() -> None:
@@ -145,11 +149,19 @@ def test_packed_rows_of_tokenized_text_decode_to_the_text() -> None:
     assert tok.decode(rows[0].tolist()) == "hello worldhello world"
 
 
-@pytest.mark.parametrize(("seq_len", "n_docs", "buffer", "seed"), [
-    (16, 400, 1000, 0), (16, 400, 7, 1), (31, 600, 50, 2), (64, 300, 20, 3), (8, 2500, None, 4),
-])
-def test_default_packing_reproduces_the_paper_packer_row_for_row(seq_len: int, n_docs: int,
-                                                                 buffer: int | None, seed: int) -> None:
+@pytest.mark.parametrize(
+    ("seq_len", "n_docs", "buffer", "seed"),
+    [
+        (16, 400, 1000, 0),
+        (16, 400, 7, 1),
+        (31, 600, 50, 2),
+        (64, 300, 20, 3),
+        (8, 2500, None, 4),
+    ],
+)
+def test_default_packing_reproduces_the_paper_packer_row_for_row(
+    seq_len: int, n_docs: int, buffer: int | None, seed: int
+) -> None:
     docs = _mixed_docs(n_docs, seq_len, seed)
     rows, st = pack_rows(docs, seq_len, BOS, buffer=buffer, shuffle=False, with_stats=True)
     want = _paper_rows(docs, seq_len, BOS, 1000 if buffer is None else buffer)  # the paper's buffer_size
@@ -177,7 +189,7 @@ def test_default_packing_never_splits_a_document_across_rows() -> None:
         assert row[0] == bos
         cuts = [i for i, t in enumerate(row) if t == bos] + [len(row)]
         for k, (a, b) in enumerate(itertools.pairwise(cuts)):
-            piece = row[a + 1:b]
+            piece = row[a + 1 : b]
             doc = piece[0]
             assert set(piece) == {doc} and doc not in seen  # one document, placed once
             seen.add(doc)
@@ -206,15 +218,26 @@ def test_the_discarded_token_fraction_is_reported(packing: str) -> None:
 
 def test_split_mode_is_bit_for_bit_the_earlier_packer() -> None:
     """Hashes of loopscale's packer before the crop mode existed: old runs stay reproducible."""
+
     def digest(t: torch.Tensor) -> str:
         return hashlib.sha256(t.numpy().tobytes()).hexdigest()[:16]
 
     a, sa = pack_rows(_docs(300, 0), 64, BOS, seed=0, packing=SPLIT, with_stats=True)
     b, sb = pack_rows(_docs(500, 1), 16, BOS, seed=1, packing=SPLIT, with_stats=True)
-    assert (digest(a), tuple(a.shape), sa.crops, sa.bos_added, sa.dropped) == ("16da9d1b33d83fe6", (448, 65),
-                                                                               109, 438, 17)
-    assert (digest(b), tuple(b.shape), sb.crops, sb.bos_added, sb.dropped) == ("d8ea5c54dc1e8087", (2805, 17),
-                                                                               162, 2673, 6)
+    assert (digest(a), tuple(a.shape), sa.crops, sa.bos_added, sa.dropped) == (
+        "16da9d1b33d83fe6",
+        (448, 65),
+        109,
+        438,
+        17,
+    )
+    assert (digest(b), tuple(b.shape), sb.crops, sb.bos_added, sb.dropped) == (
+        "d8ea5c54dc1e8087",
+        (2805, 17),
+        162,
+        2673,
+        6,
+    )
     assert torch.equal(a, pack_rows(_docs(300, 0), 64, BOS, seed=0, packing=SPLIT, buffer=1024))
 
 

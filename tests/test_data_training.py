@@ -53,13 +53,15 @@ def one_thread():
 def test_a_tiny_model_trained_on_the_mixture_lowers_the_task_world_continuation_loss() -> None:
     from loopscale.model import LoopedLM
 
-    data = build_default(DataConfig(real_text_bytes=200_000,
-                                    world={"n_entities": 40, "n_unseen_entities": 10, "eval_per_task": 16}))
+    data = build_default(
+        DataConfig(real_text_bytes=200_000, world={"n_entities": 40, "n_unseen_entities": 10, "eval_per_task": 16})
+    )
     tok = ByteTokenizer()
     rows = pack_rows((tok.encode_bytes(d) for d in data.train_docs), T, tok.bos_id, seed=0)
     items = [it for it in data.eval_items if it.task not in CONTROL_TASKS]
-    model = LoopedLM(ModelConfig(vocab_size=tok.vocab_size, d_model=64, head_dim=16, L_eff=4, n_prelude=1,
-                                 n_coda=1, r=1, seq_len=T))
+    model = LoopedLM(
+        ModelConfig(vocab_size=tok.vocab_size, d_model=64, head_dim=16, L_eff=4, n_prelude=1, n_coda=1, r=1, seq_len=T)
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.0)
     before = continuation_loss(model, items, tok)
     gen = torch.Generator().manual_seed(0)

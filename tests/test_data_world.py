@@ -13,8 +13,7 @@ from loopscale.data.world import CONTROL_TASKS, EVAL_QUESTIONS, TASKS, TRAIN_QUE
 # Generation uses only random.Random(str seed) and ordered containers, so this constant holds
 # on every platform; if you change the generator on purpose, update it and say so in the commit.
 DEFAULT_FINGERPRINT = "c44a67151010892adadcee17d407d7824ca3d711fc7dc09bfc6e69593306b922"
-SMALL = DataConfig(real_text_bytes=150_000, world={"n_entities": 40, "n_unseen_entities": 20,
-                                                   "eval_per_task": 30})
+SMALL = DataConfig(real_text_bytes=150_000, world={"n_entities": 40, "n_unseen_entities": 20, "eval_per_task": 30})
 SMALL_FINGERPRINT = "470cbb2fa9d532146a9ed9acf1f07ab61513e501f7b5261fb613bfc7ddbe25a8"
 
 
@@ -60,15 +59,13 @@ def test_eval_items_cover_the_five_axes_with_stable_task_names() -> None:
 
 def test_no_eval_prompt_and_answer_of_open_book_math_reasoning_or_symbolic_occurs_in_training() -> None:
     text = default_train_text()
-    leaked = [it for it in default_data().eval_items
-              if it.axis != "knowledge" and (it.prompt + it.gold) in text]
+    leaked = [it for it in default_data().eval_items if it.axis != "knowledge" and (it.prompt + it.gold) in text]
     assert leaked == []
 
 
 def test_every_closed_book_eval_fact_is_stated_in_training() -> None:
     data = default_data()
-    docs = [d for d, f in zip(data.train_docs, data.train_family, strict=True)
-            if f in ("bio", "bio_qa_train")]
+    docs = [d for d, f in zip(data.train_docs, data.train_family, strict=True) if f in ("bio", "bio_qa_train")]
     for it in data.eval_items:
         if it.task == "bio_qa":
             name, value = it.meta["entity"], it.gold.strip()

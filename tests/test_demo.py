@@ -16,9 +16,28 @@ FIGURES = ("isoflop", "frontier", "parity", "residuals", "phi", "equivalence", "
 
 def _demo(out: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "loopscale", "demo", "--quick", "--out", str(out), "--bootstrap",
-                             "40", "--lr-draws", "200", "--eval-limit", "40", "--no-progress"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "loopscale",
+            "demo",
+            "--quick",
+            "--out",
+            str(out),
+            "--bootstrap",
+            "40",
+            "--lr-draws",
+            "200",
+            "--eval-limit",
+            "40",
+            "--no-progress",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _finished(out: Path) -> dict[str, int]:
@@ -65,7 +84,7 @@ def test_quick_demo_resumes_after_sigkill_and_writes_a_checked_report(tmp_path: 
     assert head["inference"]["phi"]["method"].startswith("profile likelihood")  # the record every text reads
     assert set(head["inference"]["tests"]) >= {"phi=0", "phi=1"} and isinstance(head["claims"], list)
     md = (out / "report" / "summary.md").read_text()
-    flat = " ".join(err[err.rindex("headline"):].split())
+    flat = " ".join(err[err.rindex("headline") :].split())
     assert all(line in md and line in flat for line in plain) and flat.index(plain[0]) < flat.index("details")
     assert "{" not in flat and "knowledge" in flat.lower()  # the axes print as a table, not a JSON dict
     starts = [e for e in (out / "sweep" / "events.jsonl").read_text().splitlines() if '"start"' in e]
@@ -93,9 +112,10 @@ def test_quick_demo_resumes_after_sigkill_and_writes_a_checked_report(tmp_path: 
     tt = axes[axes["r_eval"] != axes["r"]]
     assert set(tt["C"]) == {4e10} and set(tt["r"]) == {2, 4, 8} and set(tt["variant"]) == {"baseline"}
     assert {(r, e) for r, e in zip(axes["r"], axes["r_eval"], strict=True) if r > 1 and e != r} == {
-        (r, e) for r in (2, 4, 8) for e in (1, 2, 4, 8, 16) if e != r}
-    section = html[html.index('id="fig-test_time"'):]
-    section = section[:section.index("</section>")]
+        (r, e) for r in (2, 4, 8) for e in (1, 2, 4, 8, 16) if e != r
+    }
+    section = html[html.index('id="fig-test_time"') :]
+    section = section[: section.index("</section>")]
     assert "data:image/png;base64," in section and "not evaluated" not in section and 'id="tab-test-time"' in section
     assert "test-time r" in err
 
@@ -106,8 +126,13 @@ def test_the_demo_runs_test_time_r_on_the_reference_recipes_looped_runs_at_its_t
     from loopscale.demo import _test_time_runs
     from loopscale.eval.runs import RunRef
 
-    runs = pd.DataFrame({"variant": ["baseline"] * 4 + ["loop1", "tbptt"], "C": [2e10, 4e10, 4e10, 4e10, 8e10, 8e10],
-                         "r": [2, 1, 2, 8, 1, 4]})
+    runs = pd.DataFrame(
+        {
+            "variant": ["baseline"] * 4 + ["loop1", "tbptt"],
+            "C": [2e10, 4e10, 4e10, 4e10, 8e10, 8e10],
+            "r": [2, 1, 2, 8, 1, 4],
+        }
+    )
     pick = _test_time_runs(runs, "baseline")
 
     def ref(variant: str, c: float | None, r: int) -> RunRef:

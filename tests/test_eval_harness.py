@@ -55,10 +55,14 @@ def test_lm_eval_runs_a_local_task_offline_and_matches_loopscales_scorer(run_dir
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     tasks = ["loopscale_toy_ll", "loopscale_toy_mc", "loopscale_toy_gen", "loopscale_toy_rolling"]
-    out = lm_eval.simple_evaluate(model="loopscale", model_args=f"pretrained={run_dir},r={R_EVAL},batch_size=4",
-                                  tasks=tasks, task_manager=TaskManager(include_path=str(TASK_DIR),
-                                                                        include_defaults=False),
-                                  log_samples=True, bootstrap_iters=0)
+    out = lm_eval.simple_evaluate(
+        model="loopscale",
+        model_args=f"pretrained={run_dir},r={R_EVAL},batch_size=4",
+        tasks=tasks,
+        task_manager=TaskManager(include_path=str(TASK_DIR), include_defaults=False),
+        log_samples=True,
+        bootstrap_iters=0,
+    )
     samples = {t: sorted(out["samples"][t], key=lambda s: s["doc_id"]) for t in tasks}
     rows = _toy_rows()
     model, _ = load_model(run_dir)
@@ -80,7 +84,8 @@ def test_lm_eval_runs_a_local_task_offline_and_matches_loopscales_scorer(run_dir
     texts = greedy_generate(model, TOK, [r["prompt"] for r in rows], max_new_tokens=12, until=("\n",), r=R_EVAL)
     assert [s["resps"][0][0] for s in samples["loopscale_toy_gen"]] == texts
     assert [bool(s["exact_match"]) for s in samples["loopscale_toy_gen"]] == [
-        t.strip() == r["gold"].strip() for t, r in zip(texts, rows, strict=True)]
+        t.strip() == r["gold"].strip() for t, r in zip(texts, rows, strict=True)
+    ]
 
     # loglikelihood_rolling: BOS, then disjoint windows of seq_len scored tokens, each after the
     # tokens before it that still fit (lm-eval's rolling windows with context_len = 1)
@@ -91,7 +96,7 @@ def test_lm_eval_runs_a_local_task_offline_and_matches_loopscales_scorer(run_dir
         windows, lo = [(toks[: min(L, n) + 1], 1)], L
         while lo < n:
             end = min(lo + L, n)
-            seq = toks[end - L: end + 1]
+            seq = toks[end - L : end + 1]
             windows.append((seq, len(seq) - (end - lo)))
             lo = end
         expected = -sum(nll for nll, _ in score_tokens(model, windows, vocab=TOK.vocab_size, r=R_EVAL))

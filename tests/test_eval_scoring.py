@@ -90,9 +90,14 @@ def test_continuation_loss_equals_hand_computation_on_a_looped_model() -> None:
 
 def test_padding_batching_and_order_do_not_change_scores() -> None:
     model = tiny_looped()
-    pairs = [("Pairs: abc 12, xyz 34\nLookup: xyz\nValue:", " 34"), ("a", " b"),
-             ("Close the brackets: ( [ {\nAnswer:", " } ] )"), ("Let a = 3, b = 7. What is b?\nAnswer:", " 7"),
-             ("", " hello world"), ("Word: cat\nSteps: reverse\nAnswer:", " tac")]
+    pairs = [
+        ("Pairs: abc 12, xyz 34\nLookup: xyz\nValue:", " 34"),
+        ("a", " b"),
+        ("Close the brackets: ( [ {\nAnswer:", " } ] )"),
+        ("Let a = 3, b = 7. What is b?\nAnswer:", " 7"),
+        ("", " hello world"),
+        ("Word: cat\nSteps: reverse\nAnswer:", " tac"),
+    ]
     one = score_continuations(model, TOK, pairs, batch_size=1)
     for bs in (2, 4, 64):
         many = score_continuations(model, TOK, pairs, batch_size=bs)

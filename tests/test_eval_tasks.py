@@ -109,8 +109,12 @@ def test_every_benchmark_loads_from_its_standard_format() -> None:
     assert [it.gold for it in loaded["tydiqa_goldp"].items] == [" South America"]  # English only
     assert [it.gold for it in loaded["drop"].items] == [" 24", " Smith", " 12 March 2005"]
     coqa = loaded["coqa"].items
-    assert coqa[1].prompt.endswith("Question: What was the cat called?\nAnswer: Tom\nQuestion: Where did he live?"
-                                   "\nAnswer:") and coqa[1].gold == " on a farm"
+    assert (
+        coqa[1].prompt.endswith(
+            "Question: What was the cat called?\nAnswer: Tom\nQuestion: Where did he live?\nAnswer:"
+        )
+        and coqa[1].gold == " on a farm"
+    )
     assert [it.gold for it in loaded["svamp"].items] == [" 51", " 6"]
     assert [it.gold for it in loaded["asdiv"].items] == [" 9", " 15"]  # the unit is dropped
     assert [it.gold for it in loaded["mawps"].items] == [" 43", " 2"]  # both MAWPS layouts
@@ -118,8 +122,14 @@ def test_every_benchmark_loads_from_its_standard_format() -> None:
     assert arc[0].choices == (" the Moon", " the Sun", " a mirror", " a window") and arc[0].gold == " the Sun"
     assert arc[1].gold == " sunlight"  # numeric labels
     dyck = loaded["bigbench_dyck_languages"]
-    assert dyck.prompts[0] == ("Complete the rest of the sequence, making sure that the parentheses are closed "
-                               "properly.\nInput: [ { [\nOutput:") and dyck.items[0].gold == " ] } ]"
+    assert (
+        dyck.prompts[0]
+        == (
+            "Complete the rest of the sequence, making sure that the parentheses are closed "
+            "properly.\nInput: [ { [\nOutput:"
+        )
+        and dyck.items[0].gold == " ] } ]"
+    )
     assert loaded["bigbench_qa_wikidata"].items[1].meta["answers"] == ["William Shakespeare", "Shakespeare"]
     cs = loaded["bigbench_cs_algorithms"].items
     assert [it.meta["subtask"] for it in cs] == ["lcs", "valid_parentheses", "valid_parentheses"]
@@ -140,8 +150,11 @@ def test_missing_benchmark_files_say_what_to_download_and_where(tmp_path: Path) 
     msg = str(exc.value)
     assert "\n" not in msg and msg.startswith(f"triviaqa: missing {tmp_path}/triviaqa/unfiltered-web-dev.json")
     assert "https://nlp.cs.washington.edu/triviaqa/" in msg
-    with pytest.raises(ConfigError, match=r"--data-dir: task squad_v2 reads local benchmark files; give the folder "
-                                          r"that holds squad_v2/dev-v2\.0\.json \(download dev-v2\.0\.json"):
+    with pytest.raises(
+        ConfigError,
+        match=r"--data-dir: task squad_v2 reads local benchmark files; give the folder "
+        r"that holds squad_v2/dev-v2\.0\.json \(download dev-v2\.0\.json",
+    ):
         prepare(REGISTRY["squad_v2"], EvalContext(None, None))
 
 
@@ -186,9 +199,15 @@ def test_axis_score_is_the_macro_average_of_its_tasks_and_overall_the_mean_of_ax
     def ts(task: str, axis: str, loss: float, acc: float | None, n: int, control: bool = False) -> TaskScore:
         return TaskScore(task, axis, loss, loss, acc, n, 10 * n, 0, control)
 
-    res = EvalResult([ts("bio_qa", "knowledge", 2.0, 0.5, 10), ts("bio_qa_unseen", "knowledge", 3.0, 0.25, 10, True),
-                      ts("passage_qa", "reading", 1.0, 0.0, 100), ts("story_cloze", "reading", 3.0, 1.0, 1),
-                      ts("dyck", "symbolic", 4.0, None, 5)])
+    res = EvalResult(
+        [
+            ts("bio_qa", "knowledge", 2.0, 0.5, 10),
+            ts("bio_qa_unseen", "knowledge", 3.0, 0.25, 10, True),
+            ts("passage_qa", "reading", 1.0, 0.0, 100),
+            ts("story_cloze", "reading", 3.0, 1.0, 1),
+            ts("dyck", "symbolic", 4.0, None, 5),
+        ]
+    )
     axes = res.axes()
     assert list(axes) == ["knowledge", "reading", "symbolic"]
     assert axes["knowledge"]["loss"] == 2.0  # the control is not part of the axis

@@ -16,12 +16,28 @@ from loopscale.train import load_train_config, train
 # Knowledge-heavy and small: 10 people, each in ~150 biographies and Q&A documents of the training
 # stream (the world is 90 % of it, all knowledge); 10 matched people never appear.
 KNOWLEDGE_RUN = [
-    "model.d_model=64", "model.head_dim=16", "model.L_eff=6", "model.n_prelude=1", "model.n_coda=1",
-    "model.seq_len=96", "model.vocab_size=257", "model.r=2",
-    "data.real_text_bytes=20000", "data.world_share=0.9", "data.world.n_entities=10",
-    "data.world.n_unseen_entities=10", "data.world.eval_per_task=40", "data.world.mix.reading=0",
-    "data.world.mix.math=0", "data.world.mix.reasoning=0", "data.world.mix.symbolic=0",
-    "run.steps=120", "run.batch_size=8", "run.threads=1", "run.val_tokens=4096", "run.min_steps=5",
+    "model.d_model=64",
+    "model.head_dim=16",
+    "model.L_eff=6",
+    "model.n_prelude=1",
+    "model.n_coda=1",
+    "model.seq_len=96",
+    "model.vocab_size=257",
+    "model.r=2",
+    "data.real_text_bytes=20000",
+    "data.world_share=0.9",
+    "data.world.n_entities=10",
+    "data.world.n_unseen_entities=10",
+    "data.world.eval_per_task=40",
+    "data.world.mix.reading=0",
+    "data.world.mix.math=0",
+    "data.world.mix.reasoning=0",
+    "data.world.mix.symbolic=0",
+    "run.steps=120",
+    "run.batch_size=8",
+    "run.threads=1",
+    "run.val_tokens=4096",
+    "run.min_steps=5",
     "optim.transfer=false",
 ]
 FAST = ["bio_qa,bio_qa_unseen,dyck"]
@@ -67,8 +83,11 @@ def _fake_sweep(root: Path, run_dir: Path) -> Path:
         if over.pop("weights", True):
             shutil.copy(run_dir / "model.safetensors", d / "model.safetensors")
         (d / "result.json").write_text(json.dumps({**base, **over}))
-    (root / "runs/C1e+12_r2_d64_tbptt_s0/sweep.json").write_text(json.dumps(
-        {"run_id": "C1e+12_r2_d64_tbptt_s0", "variant": "tbptt", "seed": 0, "C": 1e12, "r": 2, "d_model": 64}))
+    (root / "runs/C1e+12_r2_d64_tbptt_s0/sweep.json").write_text(
+        json.dumps(
+            {"run_id": "C1e+12_r2_d64_tbptt_s0", "variant": "tbptt", "seed": 0, "C": 1e12, "r": 2, "d_model": 64}
+        )
+    )
     return root
 
 
@@ -82,14 +101,33 @@ def test_sweep_evaluation_picks_the_best_run_per_cell_and_writes_the_axes_table(
     out = evaluate_path(sweep, FAST, r_values=[4], limit=5)
     with open(sweep / "axes.csv") as fh:
         rows = list(csv.DictReader(fh))
-    assert list(rows[0]) == ["run_id", "run_dir", "variant", "seed", "C", "r", "r_eval", "d_model", "val_loss",
-                             "axis", "task", "loss", "loss_per_byte", "accuracy", "n_items", "n_tokens", "shots"]
+    assert list(rows[0]) == [
+        "run_id",
+        "run_dir",
+        "variant",
+        "seed",
+        "C",
+        "r",
+        "r_eval",
+        "d_model",
+        "val_loss",
+        "axis",
+        "task",
+        "loss",
+        "loss_per_byte",
+        "accuracy",
+        "n_items",
+        "n_tokens",
+        "shots",
+    ]
     best = ("C1e12/d64_b", "C3e12/d64", "C1e+12_r2_d64_tbptt_s0")
     assert {(r["run_id"], r["r_eval"]) for r in rows} == {(run, r) for run in best for r in ("2", "4")}
     tasks = [r for r in rows if r["run_id"] == "C3e12/d64" and r["r_eval"] == "2"]
     # scored tasks only: the control (bio_qa_unseen) and the aggregates are in the summary
-    assert [(r["axis"], r["task"], r["n_items"]) for r in tasks] == [("knowledge", "bio_qa", "5"),
-                                                                     ("symbolic", "dyck", "5")]
+    assert [(r["axis"], r["task"], r["n_items"]) for r in tasks] == [
+        ("knowledge", "bio_qa", "5"),
+        ("symbolic", "dyck", "5"),
+    ]
     assert {(r["variant"], r["seed"]) for r in rows} == {("baseline", ""), ("tbptt", "0")}
     with open(sweep / "axes_summary.csv") as fh:
         summary = list(csv.DictReader(fh))
@@ -108,8 +146,13 @@ def test_extra_r_values_go_only_to_the_runs_picked(run_dir: Path, tmp_path: Path
     sweep = _fake_sweep(tmp_path / "sweep", run_dir)
     out = evaluate_path(sweep, "dyck", r_values=[1, 3], r_values_where=lambda ref: ref.C == 3e12, limit=2)
     got = {(row["run_id"], row["r_eval"]) for row in out["rows"]}
-    assert got == {("C1e12/d64_b", 2), ("C1e+12_r2_d64_tbptt_s0", 2), ("C3e12/d64", 1), ("C3e12/d64", 2),
-                   ("C3e12/d64", 3)}
+    assert got == {
+        ("C1e12/d64_b", 2),
+        ("C1e+12_r2_d64_tbptt_s0", 2),
+        ("C3e12/d64", 1),
+        ("C3e12/d64", 2),
+        ("C3e12/d64", 3),
+    }
 
 
 def test_cached_results_are_reused_on_a_second_run(run_dir: Path, tmp_path: Path, monkeypatch) -> None:
@@ -131,8 +174,23 @@ def test_cached_results_are_reused_on_a_second_run(run_dir: Path, tmp_path: Path
 
 def test_cli_evaluates_one_checkpoint_at_several_r(run_dir: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "out"
-    code = run_app(["eval", str(run_dir / "model.safetensors"), "--tasks", "bio_qa,dyck", "--r", "1,4",
-                    "--r", "4", "--limit", "4", "--out", str(out), "--force"])
+    code = run_app(
+        [
+            "eval",
+            str(run_dir / "model.safetensors"),
+            "--tasks",
+            "bio_qa,dyck",
+            "--r",
+            "1,4",
+            "--r",
+            "4",
+            "--limit",
+            "4",
+            "--out",
+            str(out),
+            "--force",
+        ]
+    )
     text = capsys.readouterr().out
     assert code == 0, text
     assert "loss r=1" in text and "loss r=2" in text and "loss r=4" in text and "mean of axes" in text
@@ -167,7 +225,8 @@ def test_cli_errors_are_one_line(run_dir: Path, tmp_path: Path, capsys) -> None:
 
 
 def test_eval_holds_the_runs_lock_and_a_read_only_run_is_evaluated_without_a_cache(
-        run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """eval wrote its cache into a run dir without a lock (a run being trained again could be scored half-made),
     and could not evaluate a read-only run dir at all (issue 29)."""
     import socket
@@ -180,9 +239,18 @@ def test_eval_holds_the_runs_lock_and_a_read_only_run_is_evaluated_without_a_cac
     shutil.copytree(run_dir, run, ignore=shutil.ignore_patterns("eval"))
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        (run / locks.LOCK).write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(), "time": 0,
-                                                  "start": locks.start_time(holder.pid), "boot_id": locks.boot_id(),
-                                                  "executor": "local"}))
+        (run / locks.LOCK).write_text(
+            json.dumps(
+                {
+                    "pid": holder.pid,
+                    "host": socket.gethostname(),
+                    "time": 0,
+                    "start": locks.start_time(holder.pid),
+                    "boot_id": locks.boot_id(),
+                    "executor": "local",
+                }
+            )
+        )
         with pytest.raises(ConfigError, match=f"in use by another process.*pid {holder.pid}"):
             evaluate_run(run, "dyck", limit=4)
         assert not (run / "eval").exists()

@@ -42,8 +42,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from loopscale.export import export_hf
 
     root = tmp_path_factory.mktemp("export")
-    out = {"plain": _run(root, "model.r=1"), "linear": _run(root, "model.r=2"),
-           "hyperconnect": _run(root, "model.r=2", 'model.injection="hyperconnect"')}
+    out = {
+        "plain": _run(root, "model.r=1"),
+        "linear": _run(root, "model.r=2"),
+        "hyperconnect": _run(root, "model.r=2", 'model.injection="hyperconnect"'),
+    }
     for d in out.values():
         export_hf(d, d / "hf")
     return out
@@ -115,8 +118,9 @@ def test_export_cli_refuses_a_non_empty_folder_then_overwrites(runs: dict[str, P
     assert run_app(["export", str(runs["plain"]), str(out), "--overwrite"]) == 0
 
 
-def test_export_overwrite_replaces_a_symlink_instead_of_writing_through_it(runs: dict[str, Path],
-                                                                         tmp_path: Path) -> None:
+def test_export_overwrite_replaces_a_symlink_instead_of_writing_through_it(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
     """`export --overwrite` with OUT/modeling_loopscale.py a symlink wrote the link's target outside OUT
     (shutil.copyfile follows links; issue 29). Every file now goes through a temporary file and a rename."""
     from loopscale.cli import run_app
@@ -146,9 +150,14 @@ def test_lm_eval_hf_model_on_the_export_matches_the_loopscale_adapter(runs: dict
     run = runs["linear"]
 
     def evaluate(model: str, args: str) -> dict:
-        out = lm_eval.simple_evaluate(model=model, model_args=args, tasks=tasks, log_samples=True,
-                                      bootstrap_iters=0, task_manager=TaskManager(include_path=str(TASK_DIR),
-                                                                                  include_defaults=False))
+        out = lm_eval.simple_evaluate(
+            model=model,
+            model_args=args,
+            tasks=tasks,
+            log_samples=True,
+            bootstrap_iters=0,
+            task_manager=TaskManager(include_path=str(TASK_DIR), include_defaults=False),
+        )
         return {t: [s["resps"][0][0] for s in sorted(out["samples"][t], key=lambda s: s["doc_id"])] for t in tasks}
 
     # max_length beyond T = 64: the toy's longest context is scored whole by both (no truncation rules to match)
@@ -160,8 +169,9 @@ def test_lm_eval_hf_model_on_the_export_matches_the_loopscale_adapter(runs: dict
     assert hf["loopscale_toy_gen"] == ours["loopscale_toy_gen"]
 
 
-def test_export_refuses_a_run_being_trained_and_a_folder_another_export_holds(runs: dict[str, Path], tmp_path: Path,
-                                                                             capsys) -> None:
+def test_export_refuses_a_run_being_trained_and_a_folder_another_export_holds(
+    runs: dict[str, Path], tmp_path: Path, capsys
+) -> None:
     """`export` took no lock: it could read a run a trainer was rewriting, and two exports into one OUT
     interleaved their files (issue 29, item 1)."""
     import subprocess

@@ -33,16 +33,31 @@ from loopscale.fit.synthetic import synthetic_runs
 #: a fit file written by loopscale before the typed result existed (tests/fixtures/fit/fit_v1.json).
 OLD_FIT = Path(__file__).parent / "fixtures" / "fit" / "fit_v1.json"
 SRC = Path(__file__).resolve().parents[1] / "src" / "loopscale"
-BOX = {"a": (0.0, 20.0), "b": (0.0, 25.0), "e": (-1.0, 2.0), "alpha": (0.0, 1.5), "beta": (0.0, 1.5),
-       "phi": (-3.0, 3.0)}
+BOX = {
+    "a": (0.0, 20.0),
+    "b": (0.0, 25.0),
+    "e": (-1.0, 2.0),
+    "alpha": (0.0, 1.5),
+    "beta": (0.0, 1.5),
+    "phi": (-3.0, 3.0),
+}
 
 
 # ---- estimator API ------------------------------------------------------------------------------
 def test_params_come_from_init_and_round_trip() -> None:
     law = JointLaw(loss="mse", delta=0.01, phi=0.5, restarts=7, polish=2, seed=3, box=BOX, advance=5)
     params = law.get_params()
-    assert params == {"loss": "mse", "delta": 0.01, "phi": 0.5, "phi_bounds": (-3.0, 3.0), "restarts": 7,
-                      "polish": 2, "seed": 3, "box": BOX, "advance": 5}
+    assert params == {
+        "loss": "mse",
+        "delta": 0.01,
+        "phi": 0.5,
+        "phi_bounds": (-3.0, 3.0),
+        "restarts": 7,
+        "polish": 2,
+        "seed": 3,
+        "box": BOX,
+        "advance": 5,
+    }
     assert JointLaw(**params).get_params() == params
     assert law.set_params(restarts=9, phi=None) is law
     assert (law.restarts, law.phi) == (9, None)
@@ -75,7 +90,14 @@ def test_fit_settings_build_the_law_and_validate_once() -> None:
     s = FitSettings(loss="mse", delta=0.02, phi_bounds=(-1.0, 2.0), fixed_phi=0.25, restarts=33, polish=3, seed=4)
     law = s.law()
     assert (law.loss, law.delta, law.phi_bounds, law.phi, law.restarts, law.polish, law.seed) == (
-        "mse", 0.02, (-1.0, 2.0), 0.25, 33, 3, 4)
+        "mse",
+        0.02,
+        (-1.0, 2.0),
+        0.25,
+        33,
+        3,
+        4,
+    )
     assert s.law(phi=1.0, restarts=5).get_params() | {"phi": 0.25, "restarts": 33} == law.get_params()
     # one rule, two spellings of the name: the CLI flag for settings, the parameter for the law
     with pytest.raises(ConfigError, match="--phi-bounds"):
@@ -115,8 +137,9 @@ def test_formula_is_the_law() -> None:
     for k in formula.Slot:
         step = np.zeros(formula.N_THETA)
         step[k] = 1e-6
-        num = (formula.residuals((t + step)[None], data, False)[0] - formula.residuals((t - step)[None], data,
-                                                                                      False)[0]) / 2e-6
+        num = (
+            formula.residuals((t + step)[None], data, False)[0] - formula.residuals((t - step)[None], data, False)[0]
+        ) / 2e-6
         np.testing.assert_allclose(J[0, :, k], num[0], rtol=1e-5, atol=1e-9)
 
 
@@ -137,8 +160,13 @@ def test_frontier_plan_and_derived_use_the_formula_module() -> None:
 def test_no_literal_theta_slots_outside_the_formula_module() -> None:
     """theta is indexed by ``formula.Slot`` names: ``t[:, 5]`` or ``theta[..., 3]`` nowhere else."""
     pattern = re.compile(r"\b(t|th|theta|thetas|draws)\[(:|\.\.\.), *\d")
-    hits = [f"{p.relative_to(SRC)}:{i}" for p in SRC.rglob("*.py") if p.name != "formula.py"
-            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    hits = [
+        f"{p.relative_to(SRC)}:{i}"
+        for p in SRC.rglob("*.py")
+        if p.name != "formula.py"
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert hits == []
 
 
@@ -166,8 +194,9 @@ def test_typed_result_writes_the_identical_fit_file(tmp_path: Path) -> None:
     assert res.to_dict() == read_fit(OLD_FIT)
     out = write_fit(tmp_path / "fit.json", res)
     assert out.read_text() == OLD_FIT.read_text()
-    again = write_fit(tmp_path / "again.json", {k: v for k, v in read_fit(OLD_FIT).items()
-                                                 if k not in ("format", "version")})
+    again = write_fit(
+        tmp_path / "again.json", {k: v for k, v in read_fit(OLD_FIT).items() if k not in ("format", "version")}
+    )
     assert again.read_text() == OLD_FIT.read_text()
 
 

@@ -181,10 +181,38 @@ def test_delta_phi_pairs_recipes_read_against_the_same_r1_runs(tmp_path, capsys)
     looped = df[df["r"] > 1]
     probe = looped.assign(variant="probe", val_loss=looped["val_loss"] - 0.02, run_id=looped["run_id"] + "_p")
     pd.concat([df, ctrl, probe]).to_csv(tmp_path / "runs.csv", index=False)
-    args = ["fit", str(tmp_path / "runs.csv"), "--bootstrap", "20", "--lr-draws", "0", "--restarts", "60",
-            "--json", "--no-per-r", "--no-restricted", "--r1-from", "loop1"]
-    assert run_app([*args, "--reference", "baseline@loop1", "--variant", "baseline@loop1",
-                    "--variant", "probe@loop1", "--restarts", "20", "--no-law-variants"]) == 0
+    args = [
+        "fit",
+        str(tmp_path / "runs.csv"),
+        "--bootstrap",
+        "20",
+        "--lr-draws",
+        "0",
+        "--restarts",
+        "60",
+        "--json",
+        "--no-per-r",
+        "--no-restricted",
+        "--r1-from",
+        "loop1",
+    ]
+    assert (
+        run_app(
+            [
+                *args,
+                "--reference",
+                "baseline@loop1",
+                "--variant",
+                "baseline@loop1",
+                "--variant",
+                "probe@loop1",
+                "--restarts",
+                "20",
+                "--no-law-variants",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     (d,) = read_fit(tmp_path / "fit.json")["delta_phi"]
     assert d["variant"] == "probe@loop1"  # the control's r = 1 runs enter its shared-law fit once, not twice
@@ -198,8 +226,16 @@ def test_fit_takes_several_tables_and_can_fit_seed_means(tmp_path, capsys):
     df = synthetic_runs(0.46, seed=4)
     df.to_csv(tmp_path / "s0.csv", index=False)
     df.assign(run_id=df["run_id"] + "_s1", val_loss=df["val_loss"] + 0.01).to_csv(tmp_path / "s1.csv", index=False)
-    args = ["fit", str(tmp_path / "s0.csv"), str(tmp_path / "s1.csv"), *QUICK, "--json", "--no-per-r",
-            "--no-restricted", "--no-checks"]
+    args = [
+        "fit",
+        str(tmp_path / "s0.csv"),
+        str(tmp_path / "s1.csv"),
+        *QUICK,
+        "--json",
+        "--no-per-r",
+        "--no-restricted",
+        "--no-checks",
+    ]
     assert run_app(args) == 0
     capsys.readouterr()
     doc = read_fit(tmp_path / "fit.json")  # beside the first table

@@ -43,8 +43,22 @@ def test_p_value_is_two_sided():
 
 def test_cli_compare_prints_the_test_and_stores_it(tmp_path, capsys):
     synthetic_runs(0.459, seed=12).to_csv(tmp_path / "runs.csv", index=False)
-    args = ["fit", str(tmp_path / "runs.csv"), "--restarts", "40", "-b", "30", "--lr-draws", "200", "--no-checks",
-            "--no-per-r", "--no-restricted", "--no-law-variants", "--compare", "paper"]
+    args = [
+        "fit",
+        str(tmp_path / "runs.csv"),
+        "--restarts",
+        "40",
+        "-b",
+        "30",
+        "--lr-draws",
+        "200",
+        "--no-checks",
+        "--no-per-r",
+        "--no-restricted",
+        "--no-law-variants",
+        "--compare",
+        "paper",
+    ]
     assert run_app(args) == 0
     out = capsys.readouterr().out
     assert "consistency with paper" in out and "p-value" in out

@@ -68,8 +68,20 @@ def test_variants_and_search_rank_grids_by_cost(grid):
 
 
 def test_cli_design_on_a_preset(capsys):
-    args = ["design", "quick", "--sims", "2", "--bootstrap", "4", "--restarts", "20", "--workers", "1",
-            "--no-search", "--json"]
+    args = [
+        "design",
+        "quick",
+        "--sims",
+        "2",
+        "--bootstrap",
+        "4",
+        "--restarts",
+        "20",
+        "--workers",
+        "1",
+        "--no-search",
+        "--json",
+    ]
     assert run_app(args) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["result"]["n_runs"] == 16 and doc["result"]["sims"] == 2 and doc["prior_law"]["phi"] == 0.459
@@ -77,8 +89,22 @@ def test_cli_design_on_a_preset(capsys):
 
 def test_cli_design_prints_styles_not_their_tags(capsys):
     """The console has markup off by default; a styled line that forgets markup=True prints '[bold]'."""
-    args = ["design", "quick", "--sims", "2", "--bootstrap", "4", "--restarts", "20", "--workers", "1",
-            "--search-sims", "2", "--target-width", "5"]
+    args = [
+        "design",
+        "quick",
+        "--sims",
+        "2",
+        "--bootstrap",
+        "4",
+        "--restarts",
+        "20",
+        "--workers",
+        "1",
+        "--search-sims",
+        "2",
+        "--target-width",
+        "5",
+    ]
     assert run_app(args) == 0
     out = capsys.readouterr().out
     assert out.startswith("quick: 16 runs")
@@ -94,8 +120,12 @@ def test_noise_estimated_against_a_prior_that_misses_the_runs_by_nats_is_flagged
     from loopscale.fit.paper import PAPER_COEFFICIENTS
 
     rng = np.random.default_rng(0)
-    rows = [f"baseline,{c},{r},{n},{n},{d},{3 + rng.normal(0, 0.01) + 5 * (r > 1)}"
-            for c in (1e11, 2e11) for r in (1, 2) for n, d in ((1e4, 1e6), (2e4, 5e5))]
+    rows = [
+        f"baseline,{c},{r},{n},{n},{d},{3 + rng.normal(0, 0.01) + 5 * (r > 1)}"
+        for c in (1e11, 2e11)
+        for r in (1, 2)
+        for n, d in ((1e4, 1e6), (2e4, 5e5))
+    ]
     csv = tmp_path / "runs.csv"
     csv.write_text("variant,C,r,N_once,N_rec,D,val_loss\n" + "\n".join(rows) + "\n")
     est = _noise(None, None, [csv], dict(PAPER_COEFFICIENTS), None, None)

@@ -21,8 +21,15 @@ from loopscale.fit.law.joint import Bounds, Screen, params_to_theta, predict_the
 from loopscale.fit.table import as_runs
 
 QUICK = FitSettings(restarts=40, bootstrap=10, lr_draws=200, per_r=False, checks=False, restricted=(), law_variants=())
-CPU_TEMPLATE = {"vocab_size": 257, "head_dim": 16, "L_eff": 12, "n_prelude": 2, "n_coda": 2, "seq_len": 128,
-                "injection": "linear"}
+CPU_TEMPLATE = {
+    "vocab_size": 257,
+    "head_dim": 16,
+    "L_eff": 12,
+    "n_prelude": 2,
+    "n_coda": 2,
+    "seq_len": 128,
+    "injection": "linear",
+}
 CPU_LAW = {"E": 1.0, "A": 20.0, "alpha": 0.3, "B": 200.0, "beta": 0.35, "phi": 0.8}
 
 
@@ -34,8 +41,18 @@ def cpu_runs(seed: int = 0, sigma: float = 0.005) -> pd.DataFrame:
             for r in (1, 2, 4):
                 cfg = template_config(CPU_TEMPLATE, r, d)
                 a = accounting.account(cfg, budget=c)
-                rows.append({"run_id": f"C{c:g}_d{d}_r{r}", "C": c, "r": r, "N_once": a.N_once, "N_rec": a.N_rec,
-                             "D": a.tokens, "batch_size": 16, **CPU_TEMPLATE})
+                rows.append(
+                    {
+                        "run_id": f"C{c:g}_d{d}_r{r}",
+                        "C": c,
+                        "r": r,
+                        "N_once": a.N_once,
+                        "N_rec": a.N_rec,
+                        "D": a.tokens,
+                        "batch_size": 16,
+                        **CPU_TEMPLATE,
+                    }
+                )
     df = pd.DataFrame(rows)
     clean = predict_theta(params_to_theta(CPU_LAW), df["N_once"], df["N_rec"], df["D"], df["r"])
     df["val_loss"] = clean + sigma * np.random.default_rng(seed).standard_normal(len(df))
@@ -55,8 +72,13 @@ def test_seven_runs_fit_but_a_zero_width_ci_is_never_identified():
     df = synthetic_runs(0.46, seed=1)
     df = df[df["C"] == df["C"].max()].head(7)
     assert JointLaw(restarts=20).fit(df).n_runs_ == 7
-    doc = {"settings": {}, "reference_variant": "b", "variants": {"b": {
-        "law": {"params": {"phi": 0.5468}}, "bootstrap": {"n": 10, "ci": {"phi": [0.5468, 0.5468]}}}}}
+    doc = {
+        "settings": {},
+        "reference_variant": "b",
+        "variants": {
+            "b": {"law": {"params": {"phi": 0.5468}}, "bootstrap": {"n": 10, "ci": {"phi": [0.5468, 0.5468]}}}
+        },
+    }
     v = phi_verdict(doc)
     assert not v.resolved and any("zero width" in r for r in v.reasons)
 
@@ -90,8 +112,12 @@ def test_two_r_values_skip_leave_one_r_out_with_a_warning():
     two = df[df["r"].isin([1, 2])]
     law = JointLaw(restarts=30).fit(two)
     assert leave_one_r_out(law, as_runs(two), restarts=20) == {}
-    fit = fit_runs(two, FitSettings(restarts=30, bootstrap=0, lr_draws=200, per_r=False, restricted=(), law_variants=(),
-                                    checks_restarts=20))
+    fit = fit_runs(
+        two,
+        FitSettings(
+            restarts=30, bootstrap=0, lr_draws=200, per_r=False, restricted=(), law_variants=(), checks_restarts=20
+        ),
+    )
     assert any("leave-one-r-out skipped" in w for w in fit["warnings"])
 
 
@@ -101,8 +127,19 @@ def test_fit_plan_and_json_print_the_reports_verdict(tmp_path, capsys):
     df = df[df["r"].isin([1, 4])]
     df["val_loss"] += 0.08 * np.random.default_rng(0).standard_normal(len(df))  # too noisy to pin phi
     df.to_csv(tmp_path / "runs.csv", index=False)
-    args = ["fit", str(tmp_path / "runs.csv"), "--restarts", "40", "-b", "20", "--lr-draws", "200", "--no-checks",
-            "--no-per-r", "--no-law-variants"]
+    args = [
+        "fit",
+        str(tmp_path / "runs.csv"),
+        "--restarts",
+        "40",
+        "-b",
+        "20",
+        "--lr-draws",
+        "200",
+        "--no-checks",
+        "--no-per-r",
+        "--no-law-variants",
+    ]
     assert run_app(args) == 0
     out = capsys.readouterr().out
     v = phi_verdict(read_fit(tmp_path / "fit.json"))
@@ -121,8 +158,24 @@ def test_fit_plan_and_json_print_the_reports_verdict(tmp_path, capsys):
 # ---- the planner: r range and units --------------------------------------------------------------
 def test_plan_refuses_r_outside_the_fit_and_works_in_the_fits_units(tmp_path, capsys):
     cpu_runs().to_csv(tmp_path / "runs.csv", index=False)
-    assert run_app(["fit", str(tmp_path / "runs.csv"), "--restarts", "40", "-b", "10", "--lr-draws", "200",
-                    "--no-checks", "--no-per-r", "--no-law-variants"]) == 0
+    assert (
+        run_app(
+            [
+                "fit",
+                str(tmp_path / "runs.csv"),
+                "--restarts",
+                "40",
+                "-b",
+                "10",
+                "--lr-draws",
+                "200",
+                "--no-checks",
+                "--no-per-r",
+                "--no-law-variants",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "0.0M" not in out and "k" in out  # the frontier's N* in thousands, not "0.0M"
     fit = tmp_path / "fit.json"
@@ -142,13 +195,22 @@ def test_counts_are_printed_with_si_prefixes():
     from loopscale.numbers import count
 
     assert [count(x) for x in (24_576, 35_389_440, 2.0e6, 1.2e9, 3.1e12, 999, 0)] == [
-        "24.6k", "35.4M", "2.00M", "1.20B", "3.10T", "999", "0"]
+        "24.6k",
+        "35.4M",
+        "2.00M",
+        "1.20B",
+        "3.10T",
+        "999",
+        "0",
+    ]
 
 
 # ---- large tables -------------------------------------------------------------------------------
 def seeds_table(n_seeds: int, sigma: float = 0.01) -> pd.DataFrame:
-    parts = [synthetic_runs(0.46, sigma=sigma, seed=s).assign(run_id=lambda d, s=s: d["run_id"] + f"_s{s}")
-             for s in range(n_seeds)]
+    parts = [
+        synthetic_runs(0.46, sigma=sigma, seed=s).assign(run_id=lambda d, s=s: d["run_id"] + f"_s{s}")
+        for s in range(n_seeds)
+    ]
     return pd.concat(parts, ignore_index=True)
 
 
@@ -174,8 +236,15 @@ def test_bootstrap_streams_in_chunks_with_the_same_result(monkeypatch):
     whole = refit_batch(data, W, law.theta_[None], bounds=Bounds.paper(), random_starts=2, seed=1)
     seen = []
     monkeypatch.setattr(bootstrap, "CHUNK_ELEMENTS", 3 * len(df) * 2)
-    chunked = refit_batch(data, W, law.theta_[None], bounds=Bounds.paper(), random_starts=2, seed=1,
-                          progress=lambda done, total: seen.append((done, total)))
+    chunked = refit_batch(
+        data,
+        W,
+        law.theta_[None],
+        bounds=Bounds.paper(),
+        random_starts=2,
+        seed=1,
+        progress=lambda done, total: seen.append((done, total)),
+    )
     assert seen == [(k, 6) for k in range(1, 7)]
     assert np.allclose(whole.theta, chunked.theta, atol=1e-6)
 
@@ -185,8 +254,25 @@ def test_big_tables_get_a_progress_note_and_the_seed_means_hint(tmp_path, capsys
 
     monkeypatch.setattr(cli_fit, "BIG_TABLE", 200)
     seeds_table(2).to_csv(tmp_path / "runs.csv", index=False)
-    assert run_app(["fit", str(tmp_path / "runs.csv"), "--restarts", "30", "-b", "4", "--lr-draws", "200",
-                    "--no-checks", "--no-per-r", "--no-restricted", "--no-law-variants"]) == 0
+    assert (
+        run_app(
+            [
+                "fit",
+                str(tmp_path / "runs.csv"),
+                "--restarts",
+                "30",
+                "-b",
+                "4",
+                "--lr-draws",
+                "200",
+                "--no-checks",
+                "--no-per-r",
+                "--no-restricted",
+                "--no-law-variants",
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert "232 runs" in err and "--seed-means" in err and "116 design points" in err
 
@@ -212,8 +298,18 @@ def test_fit_on_a_sweep_dir_uses_its_fit_table_unless_told_otherwise(tmp_path, c
     sweep.mkdir()
     synthetic_runs(0.46, seed=7).to_csv(sweep / "runs.csv", index=False)
     (sweep / "spec.toml").write_text('[sweep]\nname = "x"\n\n[fit]\ndelta = 0.02\n', encoding="utf-8")
-    args = ["--restarts", "30", "-b", "0", "--lr-draws", "200", "--no-checks", "--no-per-r", "--no-restricted",
-            "--no-law-variants"]
+    args = [
+        "--restarts",
+        "30",
+        "-b",
+        "0",
+        "--lr-draws",
+        "200",
+        "--no-checks",
+        "--no-per-r",
+        "--no-restricted",
+        "--no-law-variants",
+    ]
     assert run_app(["fit", str(sweep), *args]) == 0
     assert "using [fit] delta = 0.02" in capsys.readouterr().err
     assert read_fit(sweep / "fit.json")["settings"]["delta"] == 0.02

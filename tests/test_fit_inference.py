@@ -34,8 +34,15 @@ def _demo_like(phi: float, sigma: float, seed: int = 0, variant: str = "baseline
 
 
 def _quick(**kw: object) -> FitSettings:
-    base = {"restarts": 60, "bootstrap": 40, "lr_draws": 200, "checks_restarts": 20, "per_r": False,
-            "law_variants": (), "delta": 0.02}
+    base = {
+        "restarts": 60,
+        "bootstrap": 40,
+        "lr_draws": 200,
+        "checks_restarts": 20,
+        "per_r": False,
+        "law_variants": (),
+        "delta": 0.02,
+    }
     return FitSettings(**{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -96,8 +103,7 @@ def test_the_interval_ends_move_by_less_than_0_02_between_seeds_on_the_demos_own
     ends, verdicts = [], []
     for seed in range(4):
         v = inf.webb_weights(int(cells.max()) + 1, 1000, np.random.default_rng([seed, 1]))
-        st = inf.VariantInference.run(law.theta_, law.objective_, law.bounds(), data, cells, v, "huber", 0.02,
-                                      seed)
+        st = inf.VariantInference.run(law.theta_, law.objective_, law.bounds(), data, cells, v, "huber", 0.02, seed)
         iv = st.interval(0.95)
         ends.append(iv["ci"])
         verdicts.append(tuple(inf.p_value(st.stat_at(x), st.null.stat) < 0.05 for x in (0.0, 1.0)))
@@ -151,8 +157,13 @@ class _Rec:
 
 
 def _t(value: float, p: float, worse: bool | None) -> dict:
-    return {"value": value, "p": p, "rejected": p < 0.05, "held_out_worse": worse,
-            "ruled_out": p < 0.05 and worse is True}
+    return {
+        "value": value,
+        "p": p,
+        "rejected": p < 0.05,
+        "held_out_worse": worse,
+        "ruled_out": p < 0.05 and worse is True,
+    }
 
 
 def test_rules_out_needs_a_rejecting_test_a_worse_held_out_error_and_a_resolved_fit() -> None:
@@ -165,8 +176,9 @@ def test_rules_out_needs_a_rejecting_test_a_worse_held_out_error_and_a_resolved_
     assert "cannot tell φ = 0 apart" in kept and "p = 0.3" in kept
 
 
-def test_a_table_where_phi_1_fits_as_well_never_prints_rules_out_phi_1(capsys: pytest.CaptureFixture[str],
-                                                                     tmp_path: Path) -> None:
+def test_a_table_where_phi_1_fits_as_well_never_prints_rules_out_phi_1(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     from loopscale.cli import run_app
 
     runs = tmp_path / "runs.csv"
@@ -188,12 +200,16 @@ def _verdict_with(**extra: object) -> list[str]:
 
 def test_each_whole_fit_caveat_is_named() -> None:
     assert any("box bound" in c for c in _verdict_with(inference={"null": {"at_bounds_fraction": 0.6}}))
-    assert any("Monte-Carlo sd of up to 0.030" in c
-               for c in _verdict_with(inference={"phi": {"mc_sd": [0.0, 0.03]}, "null": {"n": 2000}}))
+    assert any(
+        "Monte-Carlo sd of up to 0.030" in c
+        for c in _verdict_with(inference={"phi": {"mc_sd": [0.0, 0.03]}, "null": {"n": 2000}})
+    )
     assert any("more than one piece" in c for c in _verdict_with(inference={"phi": {"disjoint": True}}))
     assert any("orders of magnitude" in c for c in _verdict_with(bootstrap__ci={"A": [1e-3, 1e7]}))
-    assert any("have no r = 1 cell" in c
-               for c in _verdict_with(bootstrap__data_rule_draws={"no_r1": 6, "missing_r": 24}, bootstrap__n=200))
+    assert any(
+        "have no r = 1 cell" in c
+        for c in _verdict_with(bootstrap__data_rule_draws={"no_r1": 6, "missing_r": 24}, bootstrap__n=200)
+    )
     assert any("r = 1 runs fit" in c for c in _verdict_with(metrics__rmse_per_r={"1": 0.11, "2": 0.03, "4": 0.04}))
 
 
@@ -202,14 +218,30 @@ def test_a_large_table_runs_its_inference_on_design_points() -> None:
     from loopscale.fit.synthetic import synthetic_runs
 
     one = synthetic_runs(0.46, sigma=0.01, seed=0)
-    df = pd.concat([one.assign(seed=s, run_id=one["run_id"] + f"_s{s}",
-                               val_loss=one["val_loss"] + 0.005 * np.random.default_rng(s).standard_normal(len(one)))
-                    for s in range(9)], ignore_index=True)  # 1,044 runs on 116 design points
+    df = pd.concat(
+        [
+            one.assign(
+                seed=s,
+                run_id=one["run_id"] + f"_s{s}",
+                val_loss=one["val_loss"] + 0.005 * np.random.default_rng(s).standard_normal(len(one)),
+            )
+            for s in range(9)
+        ],
+        ignore_index=True,
+    )  # 1,044 runs on 116 design points
     law = JointLaw(restarts=50).fit(df)
     cells, _ = bootstrap_cells(df)
-    st = inf.VariantInference.run(law.theta_, law.objective_, law.bounds(), LawData.from_frame(df), cells,
-                                  inf.webb_weights(int(cells.max()) + 1, 200, np.random.default_rng(0)),
-                                  "huber", 1e-3, 0)
+    st = inf.VariantInference.run(
+        law.theta_,
+        law.objective_,
+        law.bounds(),
+        LawData.from_frame(df),
+        cells,
+        inf.webb_weights(int(cells.max()) + 1, 200, np.random.default_rng(0)),
+        "huber",
+        1e-3,
+        0,
+    )
     assert st.screened and len(st.data) == 116 and st.weights is not None and st.weights.sum() == len(df)
     lo, hi = st.interval(0.95)["ci"]
     assert lo < law.phi_ < hi and hi - lo < 0.2

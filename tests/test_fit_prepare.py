@@ -110,16 +110,22 @@ def test_each_default_is_written_once() -> None:
     from loopscale.fit.settings import FitTable
 
     s = FitSettings()
-    assert (s.loss, s.delta, s.restarts, s.bootstrap) == (PAPER_LOSS, PAPER_HUBER_DELTA, PAPER_RESTARTS,
-                                                          PAPER_BOOTSTRAP)
+    assert (s.loss, s.delta, s.restarts, s.bootstrap) == (
+        PAPER_LOSS,
+        PAPER_HUBER_DELTA,
+        PAPER_RESTARTS,
+        PAPER_BOOTSTRAP,
+    )
     assert (FitTable().loss, FitTable().delta) == (s.loss, s.delta)
     same = [f.name for f in dataclasses.fields(FitSettings) if f.name not in ("template", "law_variants")]
     assert {k: getattr(DEFAULTS, k) for k in same} == {k: getattr(s, k) for k in same}
 
 
 def test_fit_runs_returns_typed_parts_that_round_trip_through_the_fit_file(tmp_path: Path) -> None:
-    res = fit_runs(synthetic_runs(0.5, seed=4), FitSettings(restarts=30, bootstrap=20, lr_draws=100,
-                                                            checks=True, checks_restarts=20, law_variants=()))
+    res = fit_runs(
+        synthetic_runs(0.5, seed=4),
+        FitSettings(restarts=30, bootstrap=20, lr_draws=100, checks=True, checks_restarts=20, law_variants=()),
+    )
     assert isinstance(res, FitResult)
     v = res.variant()
     assert isinstance(v.restricted["phi=0"], SubFit) and v.restricted["phi=0"].held_out is not None

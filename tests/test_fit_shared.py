@@ -41,8 +41,10 @@ def test_fit_runs_reports_the_shared_reading_beside_the_calibrated_separate_delt
     from loopscale.fit import FitSettings, fit_runs
 
     ref, var = _pair(0.4)
-    res = fit_runs(pd.concat([ref, var]), FitSettings(restarts=60, bootstrap=0, lr_draws=100, checks=False,
-                                                      per_r=False, law_variants=(), delta=0.02))
+    res = fit_runs(
+        pd.concat([ref, var]),
+        FitSettings(restarts=60, bootstrap=0, lr_draws=100, checks=False, per_r=False, law_variants=(), delta=0.02),
+    )
     (d,) = res["delta_phi"]
     assert d["shared"]["delta_phi"] == pytest.approx(d["delta_phi"], abs=0.1) and d["shared"]["held_out"] is None
     gap = d["loss_gap"]  # φ 0.8 vs 0.4 at the same N: lower loss on every matched looped run
@@ -77,8 +79,7 @@ def test_the_loss_gap_of_seed_means_pairs_cells_and_counts_the_runs_behind_them(
 
     ref, _ = _pair(0.0)
     two = [ref.assign(seed=s, run_id=ref["run_id"] + f"_s{s}") for s in (0, 1)]
-    var = [t[t["r"] > 1].assign(variant="probe", val_loss=t["val_loss"] - 0.03, run_id=t["run_id"] + "_p")
-           for t in two]
+    var = [t[t["r"] > 1].assign(variant="probe", val_loss=t["val_loss"] - 0.03, run_id=t["run_id"] + "_p") for t in two]
     var[0] = var[0].assign(seed=5)  # another seed numbering: a seed-mean row keeps its first run's seed
     means = validate_runs(pd.concat([*two, *var])).seed_means().df
     gap = shared.loss_gap(means[means["variant"] == "baseline"], means[means["variant"] == "probe"])

@@ -16,8 +16,22 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.long
 def test_the_gpu_check_runs_its_sections_and_writes_json_and_markdown(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--smoke", "--out", str(tmp_path),
-                           "--sections", "steps", "train"], env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "gpu_check.py"),
+            "--smoke",
+            "--out",
+            str(tmp_path),
+            "--sections",
+            "steps",
+            "train",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     steps = report["steps"]

@@ -36,7 +36,8 @@ def restore_threads():
 
 
 def test_a_slot_worker_takes_its_share_of_the_cores_unless_run_threads_is_set(
-        monkeypatch: pytest.MonkeyPatch, restore_threads: None) -> None:
+    monkeypatch: pytest.MonkeyPatch, restore_threads: None
+) -> None:
     from loopscale.sweep.local import slot_threads
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)), raising=False)

@@ -49,21 +49,25 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_hostile_fit_file_is_one_line_naming_the_field(case: str, tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_hostile_fit_file_is_one_line_naming_the_field(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     doc = json.loads(FIT.read_text())
     _edit(doc, case)
     path = tmp_path / "fit.json"
     path.write_text(json.dumps(doc))
-    for argv in (["plan", "-C", "1e19", "--fit", str(path)],
-                 ["design", "quick", "--prior", str(path), "--sims", "2", "--no-search"]):
+    for argv in (
+        ["plan", "-C", "1e19", "--fit", str(path)],
+        ["design", "quick", "--prior", str(path), "--sims", "2", "--no-search"],
+    ):
         assert run_app(argv) == 2
         err = capsys.readouterr().err
         assert CASES[case] in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_a_fit_file_nested_thousands_deep_is_refused_not_a_recursion_error(tmp_path: Path,
-                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_fit_file_nested_thousands_deep_is_refused_not_a_recursion_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     doc = json.loads(FIT.read_text())
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(20_000)  # to write it
@@ -90,29 +94,36 @@ def test_the_shipped_fit_files_still_pass_the_checks() -> None:
     check_numbers(ok, "x")
 
 
-@pytest.mark.parametrize(("argv", "field"), [
-    (["plan", "-C", "inf", "--paper"], "--budget"),
-    (["plan", "-C", "1e19", "--paper", "--tokens-per-step", "0"], "--tokens-per-step"),
-    (["plan", "-C", "1e19", "--paper", "--tokens-per-step", "-5"], "--tokens-per-step"),
-    (["design", "quick", "--sigma", "-1", "--sims", "2", "--no-search"], "--sigma"),
-    (["design", "quick", "--cell-sigma", "-0.1", "--sims", "2", "--no-search"], "--cell-sigma"),
-    (["info", "--set", "run.x=" + "[" * 3000 + "]" * 3000], "--set"),
-])
-def test_values_no_user_means_are_one_line_errors(argv: list[str], field: str,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [
+        (["plan", "-C", "inf", "--paper"], "--budget"),
+        (["plan", "-C", "1e19", "--paper", "--tokens-per-step", "0"], "--tokens-per-step"),
+        (["plan", "-C", "1e19", "--paper", "--tokens-per-step", "-5"], "--tokens-per-step"),
+        (["design", "quick", "--sigma", "-1", "--sims", "2", "--no-search"], "--sigma"),
+        (["design", "quick", "--cell-sigma", "-0.1", "--sims", "2", "--no-search"], "--cell-sigma"),
+        (["info", "--set", "run.x=" + "[" * 3000 + "]" * 3000], "--set"),
+    ],
+)
+def test_values_no_user_means_are_one_line_errors(
+    argv: list[str], field: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert run_app(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {field}:") and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
-@pytest.mark.parametrize("argv", [
-    ["sweep", "plan", "quick", "--slots", "1000", "--no-calibrate"],
-    ["sweep", "run", "quick", "--slots", "1000", "--out", "never-made"],
-    ["demo", "--quick", "--slots", "1000", "--out", "never-made"],
-])
-def test_more_cpu_slots_than_cores_is_refused_before_anything_starts(argv: list[str], tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch,
-                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sweep", "plan", "quick", "--slots", "1000", "--no-calibrate"],
+        ["sweep", "run", "quick", "--slots", "1000", "--out", "never-made"],
+        ["demo", "--quick", "--slots", "1000", "--out", "never-made"],
+    ],
+)
+def test_more_cpu_slots_than_cores_is_refused_before_anything_starts(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
     assert run_app(argv) == 2
     err = capsys.readouterr().err
@@ -129,8 +140,9 @@ def test_more_threads_than_cores_is_refused_in_one_line() -> None:
     assert setup_threads(1, Dist(0, 1, 0)) == 1  # the tests' own setting (conftest: one thread per test)
 
 
-def test_a_file_where_a_folder_must_be_is_one_line_naming_the_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_file_where_a_folder_must_be_is_one_line_naming_the_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`report --out FILE`, `fit -o FILE/fit.json` and `sweep run --out FILE` ended in FileExistsError /
     NotADirectoryError tracebacks (issue 29); the file system's refusal is now one line naming the path, exit 1."""
     import pandas as pd
@@ -143,9 +155,25 @@ def test_a_file_where_a_folder_must_be_is_one_line_naming_the_path(tmp_path: Pat
     pd.DataFrame(df).to_csv(runs, index=False)
     blocker = tmp_path / "afile"
     blocker.write_text("not a folder")
-    for argv in (["fit", str(runs), "--restarts", "5", "-b", "0", "--lr-draws", "0", "--no-checks", "--no-per-r",
-                  "--no-restricted", "--no-law-variants", "-o", str(blocker / "fit.json")],
-                 ["sweep", "run", "quick", "--out", str(blocker), "--no-progress"]):
+    for argv in (
+        [
+            "fit",
+            str(runs),
+            "--restarts",
+            "5",
+            "-b",
+            "0",
+            "--lr-draws",
+            "0",
+            "--no-checks",
+            "--no-per-r",
+            "--no-restricted",
+            "--no-law-variants",
+            "-o",
+            str(blocker / "fit.json"),
+        ],
+        ["sweep", "run", "quick", "--out", str(blocker), "--no-progress"],
+    ):
         assert run_app(argv) == 1, argv
         err = capsys.readouterr().err
         assert err.startswith(f"error: {blocker}") and "Traceback" not in err, err

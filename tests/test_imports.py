@@ -55,8 +55,11 @@ def import_graph() -> dict[str, set[str]]:
                     if target in mods or base in mods:
                         graph[mod].add(target if target in mods else base)
             elif isinstance(node, ast.Dict):  # a lazy table {name: "loopscale.x"} (a package's __getattr__)
-                graph[mod].update(v.value for v in node.values
-                                  if isinstance(v, ast.Constant) and isinstance(v.value, str) and v.value in mods)
+                graph[mod].update(
+                    v.value
+                    for v in node.values
+                    if isinstance(v, ast.Constant) and isinstance(v.value, str) and v.value in mods
+                )
         graph[mod].discard(mod)
     return graph
 
@@ -111,21 +114,36 @@ def test_no_module_of_loopscale_imports_itself_in_a_circle() -> None:
 
 def test_no_import_runs_up_into_the_cli() -> None:
     graph = import_graph()
-    up = sorted(f"{mod} -> {target}" for mod, targets in graph.items() for target in targets
-                if (target == "loopscale.cli" or target.startswith("loopscale.cli."))
-                and not (mod == "loopscale.cli" or mod.startswith("loopscale.cli.") or mod == "loopscale.__main__"))
+    up = sorted(
+        f"{mod} -> {target}"
+        for mod, targets in graph.items()
+        for target in targets
+        if (target == "loopscale.cli" or target.startswith("loopscale.cli."))
+        and not (mod == "loopscale.cli" or mod.startswith("loopscale.cli.") or mod == "loopscale.__main__")
+    )
     assert up == []
 
 
 def test_the_model_imports_nothing_above_it() -> None:
     """The model owns its sizes (``loopscale.model.chunks``): ``loopscale.memory`` reads them, never the reverse;
     no module of the model imports the memory model, the trainer or what runs sweeps and fits."""
-    above = ("loopscale.memory", "loopscale.train", "loopscale.sweep", "loopscale.fit", "loopscale.report",
-             "loopscale.eval", "loopscale.export")
+    above = (
+        "loopscale.memory",
+        "loopscale.train",
+        "loopscale.sweep",
+        "loopscale.fit",
+        "loopscale.report",
+        "loopscale.eval",
+        "loopscale.export",
+    )
     graph = import_graph()
-    up = sorted(f"{mod} -> {target}" for mod, targets in graph.items() for target in targets
-                if (mod == "loopscale.model" or mod.startswith("loopscale.model."))
-                and any(target == a or target.startswith(a + ".") for a in above))
+    up = sorted(
+        f"{mod} -> {target}"
+        for mod, targets in graph.items()
+        for target in targets
+        if (mod == "loopscale.model" or mod.startswith("loopscale.model."))
+        and any(target == a or target.startswith(a + ".") for a in above)
+    )
     assert up == []
     assert "loopscale.model.chunks" in graph["loopscale.memory"]
 
@@ -148,6 +166,9 @@ def test_no_module_imports_another_modules_private_names() -> None:
             module = (f"{base}.{node.module}" if node.module else base) if node.level else node.module
             if not module or not module.startswith("loopscale") or module == name:
                 continue
-            found += [f"{name}: from {module} import {a.name}" for a in node.names
-                      if a.name.startswith("_") and not a.name.startswith("__")]
+            found += [
+                f"{name}: from {module} import {a.name}"
+                for a in node.names
+                if a.name.startswith("_") and not a.name.startswith("__")
+            ]
     assert not found, found

@@ -34,10 +34,12 @@ def _run(code: str) -> None:
 
 
 def test_light_modules_do_not_import_torch() -> None:
-    code = ("import importlib, sys\n"
-            f"for name in {LIGHT_MODULES!r}:\n"
-            "    importlib.import_module(name)\n"
-            "    assert 'torch' not in sys.modules, f'importing {name} loaded torch'\n")
+    code = (
+        "import importlib, sys\n"
+        f"for name in {LIGHT_MODULES!r}:\n"
+        "    importlib.import_module(name)\n"
+        "    assert 'torch' not in sys.modules, f'importing {name} loaded torch'\n"
+    )
     _run(code)
 
 

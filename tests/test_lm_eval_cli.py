@@ -45,8 +45,21 @@ def test_lm_eval_cli_runs_a_loopscale_run_end_to_end(tmp_path: Path, monkeypatch
 
     monkeypatch.setattr(lm_eval.tasks, "TaskManager", LocalOnly)
     out = tmp_path / "out"
-    argv = ["lm-eval", "--model", "loopscale", "--model_args", f"pretrained={run},r=3", "--tasks",
-            "loopscale_toy_mc", "--include_path", str(TASK_DIR), "--output_path", str(out), "--limit", "3"]
+    argv = [
+        "lm-eval",
+        "--model",
+        "loopscale",
+        "--model_args",
+        f"pretrained={run},r=3",
+        "--tasks",
+        "loopscale_toy_mc",
+        "--include_path",
+        str(TASK_DIR),
+        "--output_path",
+        str(out),
+        "--limit",
+        "3",
+    ]
     assert run_app(argv) == 0
     [results] = out.rglob("results_*.json")
     doc = json.loads(results.read_text())

@@ -56,8 +56,9 @@ def test_a_lock_from_another_boot_is_stale(tmp_path: Path, sleeper: subprocess.P
     assert locks.live(tmp_path) is None
 
 
-def test_loopscale_train_refuses_a_run_dir_another_process_trains(tmp_path: Path, sleeper: subprocess.Popen,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_loopscale_train_refuses_a_run_dir_another_process_trains(
+    tmp_path: Path, sleeper: subprocess.Popen, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`loopscale train` took no lock: two trainings into one dir both ran (469 metrics lines for 301 steps)."""
     from loopscale.cli import run_app
     from test_train_cli import tiny_toml

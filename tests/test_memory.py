@@ -82,11 +82,19 @@ def predicted_saved(cfg: ModelConfig, rows: int, rg: memory.Regime) -> float:
 
 @pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")  # CPU autocast's composite norm
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("kw", [
-    {"r": 1}, {"r": 4}, {"r": 4, "bptt_k": 2}, {"r": 2, "injection": "additive"},
-    {"r": 4, "injection": "hyperconnect", "hc_lanes": 3}, {"r": 2, "softcap": "none", "mlp_ratio": 2},
-    {"r": 1, "r1_looped": True, "injection": "passthrough", "n_prelude": 0, "n_coda": 0},
-], ids=str)
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"r": 1},
+        {"r": 4},
+        {"r": 4, "bptt_k": 2},
+        {"r": 2, "injection": "additive"},
+        {"r": 4, "injection": "hyperconnect", "hc_lanes": 3},
+        {"r": 2, "softcap": "none", "mlp_ratio": 2},
+        {"r": 1, "r1_looped": True, "injection": "passthrough", "n_prelude": 0, "n_coda": 0},
+    ],
+    ids=str,
+)
 def test_activations_equal_what_autograd_saves_on_cpu(kw: dict, dtype: str) -> None:
     cfg = tiny(**kw)
     measured = saved_bytes(cfg, 3, dtype)
@@ -180,8 +188,11 @@ def test_cuda_prediction_against_the_reviewers_estimate_for_the_papers_widths() 
             reviewer = (1530 * d + 20 * cfg.vocab_padded) * tokens + 10 * accounting.N_total(cfg)
             plain = memory.Regime("cuda", "bfloat16", fused_norm=False, fused_loss=False)
             blocks, _ = memory.grad_applications(cfg)
-            then = (memory.train_peak(cfg, 128, plain).total + 4 * cfg.vocab_size * tokens
-                    + blocks * (4 * d + 4 * m * d) * tokens)
+            then = (
+                memory.train_peak(cfg, 128, plain).total
+                + 4 * cfg.vocab_size * tokens
+                + blocks * (4 * d + 4 * m * d) * tokens
+            )
             assert then == pytest.approx(reviewer, rel=0.06), (s, r)
             ours = memory.train_peak(cfg, 128, memory.regime("cuda")).total
             assert 0.28 < ours / reviewer < 0.58, (s, r, ours / reviewer)
@@ -241,8 +252,14 @@ def _storages(tensors: list[torch.Tensor]) -> dict[int, int]:
 def _setup(cfg: ModelConfig, rows: int, n_micro: int, dtype: str) -> tuple:
     """A model and its optimisers after one step (so the optimiser state exists, as in steady state)."""
     model = LoopedLM(cfg)
-    opt = build_optimizers(model.param_groups(), OptimConfig(transfer=False), d_model=cfg.width,
-                           tokens_per_step=rows * n_micro * cfg.seq_len, total_tokens=1e9, r=cfg.r)
+    opt = build_optimizers(
+        model.param_groups(),
+        OptimConfig(transfer=False),
+        d_model=cfg.width,
+        tokens_per_step=rows * n_micro * cfg.seq_len,
+        total_tokens=1e9,
+        r=cfg.r,
+    )
     xs = [torch.randint(0, cfg.vocab_size, (rows, cfg.seq_len + 1)) for _ in range(n_micro)]
 
     def step() -> None:
@@ -258,12 +275,16 @@ def _setup(cfg: ModelConfig, rows: int, n_micro: int, dtype: str) -> tuple:
     return model, step, xs, _storages([*model.parameters(), *state, *xs])
 
 
-@pytest.mark.parametrize(("kw", "rows", "n_micro", "dtype"), [
-    ({"r": 2, "vocab_size": 1000}, 4, 2, "float32"),  # peaks in log-softmax's backward, grads of micro-batch 1 live
-    ({"r": 4, "injection": "hyperconnect", "d_model": 128, "vocab_size": 64}, 8, 1, "float32"),  # squared-ReLU's
-    ({"r": 1, "d_model": 128, "vocab_size": 64}, 4, 2, "bfloat16"),  # peaks in MuonH's orthogonalisation
-    ({"r": 2}, 8, 1, "bfloat16"),
-], ids=str)
+@pytest.mark.parametrize(
+    ("kw", "rows", "n_micro", "dtype"),
+    [
+        ({"r": 2, "vocab_size": 1000}, 4, 2, "float32"),  # peaks in log-softmax's backward, grads of micro-batch 1 live
+        ({"r": 4, "injection": "hyperconnect", "d_model": 128, "vocab_size": 64}, 8, 1, "float32"),  # squared-ReLU's
+        ({"r": 1, "d_model": 128, "vocab_size": 64}, 4, 2, "bfloat16"),  # peaks in MuonH's orthogonalisation
+        ({"r": 2}, 8, 1, "bfloat16"),
+    ],
+    ids=str,
+)
 def test_training_step_peak_on_cpu(kw: dict, rows: int, n_micro: int, dtype: str) -> None:
     cfg = tiny(**kw)
     _, step, _, external = _setup(cfg, rows, n_micro, dtype)
@@ -294,9 +315,15 @@ def test_live_bytes_agree_with_the_profilers_memory_timeline() -> None:
     assert max(sum(s) for s in sizes) == pytest.approx(sum(external.values()) + mode.peak, rel=1e-4)
 
 
-@pytest.mark.parametrize(("kw", "dtype"), [({"r": 2, "vocab_size": 1000}, "float32"), ({"r": 1, "d_model": 128,
-                                            "vocab_size": 64}, "float32"), ({"r": 2, "vocab_size": 1000}, "bfloat16"),
-                                           ({"r": 4, "d_model": 128, "vocab_size": 64}, "float32")])
+@pytest.mark.parametrize(
+    ("kw", "dtype"),
+    [
+        ({"r": 2, "vocab_size": 1000}, "float32"),
+        ({"r": 1, "d_model": 128, "vocab_size": 64}, "float32"),
+        ({"r": 2, "vocab_size": 1000}, "bfloat16"),
+        ({"r": 4, "d_model": 128, "vocab_size": 64}, "float32"),
+    ],
+)
 def test_validation_peak_on_cpu(kw: dict, dtype: str) -> None:
     cfg = tiny(**kw)
     model, _, xs, external = _setup(cfg, 8, 1, dtype)
@@ -314,8 +341,15 @@ def _run_cfg(*overrides: str, batch: int = 8):
     sets = [f"model.{k}={v}" for k, v in TINY_MODEL.items()] + ["model.r=2", f"run.batch_size={batch}"]
     sets += [f"data.real_text_bytes={TINY_DATA['real_text_bytes']}"]
     sets += [f"data.world.{k}={v}" for k, v in TINY_DATA["world"].items()]
-    sets += ["run.steps=6", "run.threads=1", "run.val_tokens=4096", "run.log_every=3", "run.min_steps=2",
-             "optim.transfer=false", *overrides]
+    sets += [
+        "run.steps=6",
+        "run.threads=1",
+        "run.val_tokens=4096",
+        "run.log_every=3",
+        "run.min_steps=2",
+        "optim.transfer=false",
+        *overrides,
+    ]
     return load_train_config(None, sets)
 
 
@@ -348,7 +382,8 @@ def test_sizes_parse_in_decimal_and_binary_units() -> None:
 
 
 def test_trainer_records_its_auto_micro_batch_and_refuses_a_run_that_cannot_fit(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from loopscale.train import train
 
     cfg = _run_cfg("run.micro_batch=auto")
@@ -394,8 +429,16 @@ def test_plan_refuses_runs_that_cannot_fit_one_row_and_flags_fixed_micro_batches
 def test_cli_plan_prints_micro_batch_and_peak_columns(capsys: pytest.CaptureFixture[str]) -> None:
     from loopscale.cli import run_app
 
-    argv = ["sweep", "plan", "paper", "--no-calibrate", "--variant", "baseline", "--set",
-            'train.run.micro_batch="auto"']
+    argv = [
+        "sweep",
+        "plan",
+        "paper",
+        "--no-calibrate",
+        "--variant",
+        "baseline",
+        "--set",
+        'train.run.micro_batch="auto"',
+    ]
     assert run_app([*argv, "--device-memory", "80GB"]) == 0
     out = capsys.readouterr().out
     assert "micro" in out and "68.7 GB" in out and "memory: 80.0 GB per GPU" in out

@@ -36,7 +36,7 @@ def test_real_parameter_groups_equal_the_accounting(r: int, injection: str) -> N
 def test_r1_looped_is_a_loop_of_one_with_the_loops_extra_parameters(injection: str) -> None:
     plain, loop1 = tiny(1, injection=injection), tiny(1, injection=injection, r1_looped=True)
     assert loop1.layout == f"{loop1.n_prelude}+{loop1.n_recur}x1+{loop1.n_coda}" and plain.layout.endswith("unique")
-    extra = 2 * loop1.width ** 2 if injection == "linear" else 0
+    extra = 2 * loop1.width**2 if injection == "linear" else 0
     assert acc.N_rec(loop1) == acc.N_rec(plain) + extra and acc.N_once(loop1) == acc.N_once(plain)
     assert LoopedLM(loop1).count_params()["N_total"] == acc.N_total(plain) + extra + loop1.width  # + norm_recur
     m = LoopedLM(loop1)

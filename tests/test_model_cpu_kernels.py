@@ -120,8 +120,10 @@ def _attention(qkv, turn, g, *, kernel: bool):
     return y.detach(), x.grad
 
 
-@pytest.mark.parametrize("B,T,H,hd", [(2, 64, 3, 16), (1, 100, 4, 32), (3, 37, 1, 64), (1, 50, 2, 128),
-                                      (2, 7, 2, 48), (1, 1, 2, 16), (1, 300, 1, 32)])  # inlined + other sizes
+@pytest.mark.parametrize(
+    "B,T,H,hd",
+    [(2, 64, 3, 16), (1, 100, 4, 32), (3, 37, 1, 64), (1, 50, 2, 128), (2, 7, 2, 48), (1, 1, 2, 16), (1, 300, 1, 32)],
+)  # inlined + other sizes
 @pytest.mark.parametrize("grad_layout", ["contiguous", "strided"])
 def test_attention_kernel_matches_sdpa(kernels, B, T, H, hd, grad_layout):
     """The C attention (register tiles, causal blocks, T off the tiles' grid) against SDPA on the same q, k, v:
@@ -318,8 +320,9 @@ def test_a_damaged_cached_build_is_removed_and_rebuilt(kernels, tmp_path):
 
     def status() -> str:
         code = "from loopscale.model import cpu_kernels as c; print(c.status())"
-        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        ).stdout.strip()
 
     assert status().startswith("compiled")
     (built,) = (tmp_path / "kernels").glob("cpu_kernels-*.so")
@@ -330,8 +333,7 @@ def test_a_damaged_cached_build_is_removed_and_rebuilt(kernels, tmp_path):
     assert not list((tmp_path / "kernels").glob(".cpu_kernels.*"))  # no temporary left
 
 
-def test_an_instruction_set_is_chosen_with_loopscale_cpu_march_and_refused_when_this_cpu_lacks_it(kernels,
-                                                                                                monkeypatch):
+def test_an_instruction_set_is_chosen_with_loopscale_cpu_march_and_refused_when_this_cpu_lacks_it(kernels, monkeypatch):
     kernels(False)
     monkeypatch.setenv(cpu_kernels.ENV, "on")
     monkeypatch.setenv(cpu_kernels.MARCH_ENV, "x86-64-v3; rm -rf /")  # a flag string, never a shell word

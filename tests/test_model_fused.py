@@ -97,8 +97,9 @@ def test_rope_qk_norm_is_the_paper_rotation_in_interleaved_rows():
         assert torch.equal(v, qkv_half[:, :, 2])
 
 
-@pytest.mark.parametrize("r,injection,math", [(1, "linear", False), (2, "linear", False), (2, "additive", False),
-                                               (2, "linear", True)])
+@pytest.mark.parametrize(
+    "r,injection,math", [(1, "linear", False), (2, "linear", False), (2, "additive", False), (2, "linear", True)]
+)
 def test_model_fused_matches_plain(r, injection, math):
     """Loss, every gradient, eval logits and KV-cached decoding agree with the plain ops (also with SDPA's
     math backend, whose gradients come in another memory layout)."""
@@ -150,6 +151,7 @@ def test_bf16_autocast_on_cpu_takes_the_plain_path(monkeypatch):
         def f(*args, **kwargs):
             calls.append(name)
             raise AssertionError(f"fused.{name} called")
+
         return f
 
     for name in ("rms_norm", "rope_qk_norm", "squared_relu_mlp"):

@@ -9,7 +9,14 @@ from loopscale import numbers as n
 
 def test_counts_take_the_unit_that_fits_them():
     assert [n.count(x) for x in (24_576, 35_389_440, 2.0e6, 1.2e9, 3.1e12, 999, 0)] == [
-        "24.6k", "35.4M", "2.00M", "1.20B", "3.10T", "999", "0"]
+        "24.6k",
+        "35.4M",
+        "2.00M",
+        "1.20B",
+        "3.10T",
+        "999",
+        "0",
+    ]
     assert [n.count(x, trim=True) for x in (1e6, 2e7, 1.5e3, 850e3)] == ["1M", "20M", "1.5k", "850k"]
     assert n.count(None) == n.count(math.nan) == n.MISSING
 
@@ -29,7 +36,13 @@ def test_phi_prints_fixed_point_with_its_ci_in_its_own_digits():
 
 def test_coefficients_and_differences():
     assert [n.num(x) for x in (0.4612, 12.5, 2.5e4, 1e-5, None, math.inf)] == [
-        "0.4612", "12.50", "2.500e+04", "1.000e-05", n.MISSING, n.MISSING]
+        "0.4612",
+        "12.50",
+        "2.500e+04",
+        "1.000e-05",
+        n.MISSING,
+        n.MISSING,
+    ]
     assert n.interval((0.1, 0.2)) == "[0.1000, 0.2000]"
     assert n.interval((-0.02, 0.03), 3, is_signed=True) == "[-0.020, +0.030]"
     assert n.interval(None) == n.interval((0.1, None)) == n.MISSING

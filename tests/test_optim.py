@@ -63,9 +63,13 @@ class Tiny(nn.Module):
         return self.head(x)
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
-        return {"matrix": [self.a.weight, self.b.weight, self.up.weight, self.down.weight],
-                "embed": [self.embed.weight], "head": [self.head.weight], "norm": [self.norm],
-                "scalar": [self.gate]}
+        return {
+            "matrix": [self.a.weight, self.b.weight, self.up.weight, self.down.weight],
+            "embed": [self.embed.weight],
+            "head": [self.head.weight],
+            "norm": [self.norm],
+            "scalar": [self.gate],
+        }
 
 
 def _batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,8 +88,9 @@ def _train(model: Tiny, opt, steps: range, total: int) -> None:
 
 
 def _build(model: Tiny, **cfg) -> object:
-    return build_optimizers(model.param_groups(), OptimConfig(**cfg), d_model=8, tokens_per_step=48,
-                            total_tokens=48 * 30, r=2)
+    return build_optimizers(
+        model.param_groups(), OptimConfig(**cfg), d_model=8, tokens_per_step=48, total_tokens=48 * 30, r=2
+    )
 
 
 # ---- MuonH -------------------------------------------------------------------------------------------
@@ -291,8 +296,9 @@ def test_plain_adamw_trains_every_group_with_one_optimiser():
 
 
 def test_plain_adamw_single_lr_gives_every_group_adamw_lr():
-    opt = build_optimizers(Tiny().param_groups(), OptimConfig(name="adamw", adamw_single_lr=True,
-                                                              adamw_lr=1e-3, transfer=False), **REF)
+    opt = build_optimizers(
+        Tiny().param_groups(), OptimConfig(name="adamw", adamw_single_lr=True, adamw_lr=1e-3, transfer=False), **REF
+    )
     assert set(opt.base_lrs.values()) == {1e-3}
 
 
@@ -354,17 +360,19 @@ def test_the_data_rule_reference_depends_on_r_as_in_the_papers_code():
     per_r = {r: resolve_lrs(OptimConfig(), **{**REF, "total_tokens": D, "r": r})["matrix"] for r in (1, 2, 4, 8)}
     for r, lr in per_r.items():
         assert lr == pytest.approx(0.014 * (D / reference_tokens(r)) ** -0.32)
-    fixed = {r: resolve_lrs(OptimConfig(tokens_ref=TOKENS_REF), **{**REF, "total_tokens": D, "r": r})["matrix"]
-             for r in (1, 2, 4, 8)}
+    fixed = {
+        r: resolve_lrs(OptimConfig(tokens_ref=TOKENS_REF), **{**REF, "total_tokens": D, "r": r})["matrix"]
+        for r in (1, 2, 4, 8)
+    }
     assert len(set(fixed.values())) == 1 and fixed[1] == pytest.approx(0.014 * (D / TOKENS_REF) ** -0.32)
 
 
 def test_transfer_off_applies_only_lr_scale_and_d_ref_is_configurable():
-    off = resolve_lrs(OptimConfig(transfer=False, lr_scale=2.0), d_model=64, tokens_per_step=8,
-                      total_tokens=1e3, r=4)
+    off = resolve_lrs(OptimConfig(transfer=False, lr_scale=2.0), d_model=64, tokens_per_step=8, total_tokens=1e3, r=4)
     assert off == pytest.approx({k: 2 * v for k, v in PAPER_LRS.items()})
-    moved = resolve_lrs(OptimConfig(tokens_ref=1e9, d_ref=128), d_model=128, tokens_per_step=2**18,
-                        total_tokens=1e9, r=2)
+    moved = resolve_lrs(
+        OptimConfig(tokens_ref=1e9, d_ref=128), d_model=128, tokens_per_step=2**18, total_tokens=1e9, r=2
+    )
     assert moved == pytest.approx(PAPER_LRS)
 
 
@@ -409,8 +417,7 @@ def test_wsd_is_flat_then_decays_linearly_over_its_decay_fraction():
     vals = [wsd(s, 101, decay_frac=0.2) for s in range(101)]  # the paper's warmdown: round(0.2 * 101) = 20
     assert vals[:82] == [1.0] * 82
     assert vals[91] == pytest.approx(0.55) and vals[100] == pytest.approx(0.1 + 0.9 / 20)
-    assert [wsd(s, 50, decay_frac=1.0) for s in range(50)] == pytest.approx(
-        [linear_decay(s, 50) for s in range(50)])
+    assert [wsd(s, 50, decay_frac=1.0) for s in range(50)] == pytest.approx([linear_decay(s, 50) for s in range(50)])
 
 
 def test_lr_schedule_picks_the_configured_shape():
@@ -422,19 +429,22 @@ def test_lr_schedule_picks_the_configured_shape():
 
 
 # ---- config errors -----------------------------------------------------------------------------------
-@pytest.mark.parametrize(("data", "field"), [
-    ({"schedule": "exponential"}, "schedule"),
-    ({"matrix_lr": -0.01}, "matrix_lr"),
-    ({"lr": 0.1}, "lr"),
-    ({"name": "sgd"}, "name"),
-    ({"betas": [0.9, 1.5]}, "betas[1]"),
-    ({"schedule": "wsd", "warmup_frac": 0.5, "decay_frac": 0.6}, "decay_frac"),
-    ({"grad_clip": 0.0}, "grad_clip"),
-    ({"warmup_frac": 1.0}, "warmup_frac"),
-    ({"tokens_ref": "paper"}, "tokens_ref"),
-    ({"tokens_ref": -1.0}, "tokens_ref"),
-    ({"orthogonalizer": "ns7"}, "orthogonalizer"),
-])
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"schedule": "exponential"}, "schedule"),
+        ({"matrix_lr": -0.01}, "matrix_lr"),
+        ({"lr": 0.1}, "lr"),
+        ({"name": "sgd"}, "name"),
+        ({"betas": [0.9, 1.5]}, "betas[1]"),
+        ({"schedule": "wsd", "warmup_frac": 0.5, "decay_frac": 0.6}, "decay_frac"),
+        ({"grad_clip": 0.0}, "grad_clip"),
+        ({"warmup_frac": 1.0}, "warmup_frac"),
+        ({"tokens_ref": "paper"}, "tokens_ref"),
+        ({"tokens_ref": -1.0}, "tokens_ref"),
+        ({"orthogonalizer": "ns7"}, "orthogonalizer"),
+    ],
+)
 def test_bad_configs_raise_one_line_config_errors_naming_the_field(data, field):
     with pytest.raises(ConfigError) as err:
         validate(OptimConfig, data, prefix="optim")
@@ -478,8 +488,7 @@ def test_sharded_orthogonalisation_gives_every_rank_the_same_weights_as_one_proc
     spawn_ranks(_shard_worker, 2, tmp_path)
     r0, r1 = (torch.load(tmp_path / f"rank{k}.pt") for k in (0, 1))
     single = _shard_run(True)  # no process group: the ordinary path
-    for a, b, c, d, ref in zip(r0["sharded"], r1["sharded"], r0["every_rank"], r1["every_rank"], single,
-                               strict=True):
+    for a, b, c, d, ref in zip(r0["sharded"], r1["sharded"], r0["every_rank"], r1["every_rank"], single, strict=True):
         assert torch.equal(a, b)  # each matrix has one owner: the ranks agree bit for bit
         assert torch.equal(c, d) and torch.equal(c, ref)  # shard = False: every rank as one process
         torch.testing.assert_close(a, ref, atol=1e-6, rtol=0)  # sharding only regroups the batched matmuls

@@ -69,14 +69,21 @@ def test_accounting_of_the_tiny_models_matches_the_papers_code(name: str) -> Non
     assert sum(p.numel() for p in model.parameters()) == accounting.N_total(cfg)
 
 
-def _first_steps(name: str, optim: OptimConfig, lr_factors: dict[str, float] | None = None, loss_scale: float = 1.0
-                 ) -> tuple[list[float], list[float], dict[str, float]]:
+def _first_steps(
+    name: str, optim: OptimConfig, lr_factors: dict[str, float] | None = None, loss_scale: float = 1.0
+) -> tuple[list[float], list[float], dict[str, float]]:
     """loopscale's first 8 steps on a case: losses (and the loss after them), lr multipliers, peak lrs.
     ``loss_scale`` multiplies the loss that is back-propagated (not the one reported)."""
     case, cfg, model, x, y, _ = _case(name)
     tcfg = _train_config(cfg, {"steps": case["steps"], "batch_size": case["rows"]}, optim)
-    opt = build_optimizers(model.param_groups(), tcfg.optim, d_model=cfg.width, tokens_per_step=tcfg.tokens_per_step,
-                           total_tokens=tcfg.lr_tokens(), r=cfg.r)
+    opt = build_optimizers(
+        model.param_groups(),
+        tcfg.optim,
+        d_model=cfg.width,
+        tokens_per_step=tcfg.tokens_per_step,
+        total_tokens=tcfg.lr_tokens(),
+        r=cfg.r,
+    )
     for o in opt.optimizers:  # deliberate deviations, to show that the comparison can fail
         for g in o.param_groups:
             g["base_lr"] *= (lr_factors or {}).get(g["name"], 1.0)
@@ -107,8 +114,10 @@ def _own_noise(name: str) -> float:
     """loopscale's run-to-run noise on this machine: the largest move of its 8-step losses when the loss is
     scaled by each of ``NOISE_SCALES`` (2.2e-4 to 3.9e-4 nats on an AVX-512 EPYC)."""
     losses = _first_steps(name, PARITY_OPTIM)[0]
-    return max(max(abs(a - b) for a, b in zip(losses, _first_steps(name, PARITY_OPTIM, loss_scale=s)[0], strict=True))
-               for s in NOISE_SCALES)
+    return max(
+        max(abs(a - b) for a, b in zip(losses, _first_steps(name, PARITY_OPTIM, loss_scale=s)[0], strict=True))
+        for s in NOISE_SCALES
+    )
 
 
 def _tolerance(name: str) -> float:
@@ -146,12 +155,12 @@ def test_the_step_comparison_detects_recipe_deviations_the_papers_code_does_not_
     assert max(gaps.values()) > 1.5, gaps  # outside the tolerance, by a margin, in at least one case
 
 
-@pytest.mark.parametrize("run", GRID, ids=lambda r: f"s{r['s']}-r{r['r']}-C{r['C']:.3g}-B{r['tokens_per_step']}-"
-                         f"{r['probe']}")
+@pytest.mark.parametrize(
+    "run", GRID, ids=lambda r: f"s{r['s']}-r{r['r']}-C{r['C']:.3g}-B{r['tokens_per_step']}-{r['probe']}"
+)
 def test_paper_grid_learning_rates_and_horizon_match_the_papers_code(run: dict[str, Any]) -> None:
     cfg = ModelConfig(**model_config_from_paper(run["gpt_config"]))
-    tcfg = _train_config(cfg, {"budget": run["C"], "batch_size": run["tokens_per_step"] // cfg.seq_len},
-                         OptimConfig())
+    tcfg = _train_config(cfg, {"budget": run["C"], "batch_size": run["tokens_per_step"] // cfg.seq_len}, OptimConfig())
     assert accounting.train_flops_per_token(cfg) == run["flops_per_token"]
     assert accounting.reference_tokens(cfg.r) == run["D_ref"]
     assert tcfg.lr_tokens() == run["target_tokens"]
@@ -171,11 +180,16 @@ def test_info_prints_the_learning_rates_the_papers_code_gives_a_paper_grid_run(c
     assert row["lr_tokens"] == run["target_tokens"]
 
     config = tmp_path / "run.toml"  # a training config: its own batch, lr_scale and length
-    config.write_text("[model]\nd_model = 64\nhead_dim = 16\nL_eff = 12\nr = 4\nseq_len = 128\nvocab_size = 257\n"
-                      "[optim]\nlr_scale = 10.0\n[run]\nbudget = 3e11\nbatch_size = 16\n")
+    config.write_text(
+        "[model]\nd_model = 64\nhead_dim = 16\nL_eff = 12\nr = 4\nseq_len = 128\nvocab_size = 257\n"
+        "[optim]\nlr_scale = 10.0\n[run]\nbudget = 3e11\nbatch_size = 16\n"
+    )
     assert run_app(["info", str(config)]) == 0
     out = capsys.readouterr().out
     assert "learning rates" in out and "2,048 tokens/step" in out
-    tcfg = _train_config(ModelConfig(d_model=64, head_dim=16, L_eff=12, r=4, seq_len=128, vocab_size=257),
-                         {"budget": 3e11, "batch_size": 16}, OptimConfig(lr_scale=10.0))
+    tcfg = _train_config(
+        ModelConfig(d_model=64, head_dim=16, L_eff=12, r=4, seq_len=128, vocab_size=257),
+        {"budget": 3e11, "batch_size": 16},
+        OptimConfig(lr_scale=10.0),
+    )
     assert f"{tcfg.lrs()['matrix']:.6g}" in out

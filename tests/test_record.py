@@ -20,21 +20,119 @@ from test_train import cfg_with
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 #: result.json's keys for a finished CPU run of the built-in model, in the order written (before RunRecord too)
-OK_KEYS = ["status", "val_loss", "val_loss_se", "val_bpb", "train_loss", "steps", "total_steps", "D", "C", "flops",
-           "val_tokens", "r", "d_model", "n_prelude", "n_recur", "n_coda", "L_eff", "layout", "injection", "bptt_k",
-           "N_once", "N_rec", "N_emb", "N_norm", "N_total", "flops_per_token", "seq_len", "batch_size", "vocab_size",
-           "vocab_multiple", "head_dim", "mlp_ratio", "hc_lanes", "tokens_per_param", "wall_s", "dtype", "world_size",
-           "hardware", "versions", "data_fingerprint", "threads", "compile", "micro_batch", "val_micro_batch",
-           "predicted_peak_bytes", "predicted_val_peak_bytes", "memory_limit_bytes"]
-ACCOUNTING_KEYS = ["r", "d_model", "n_prelude", "n_recur", "n_coda", "L_eff", "layout", "injection", "bptt_k",
-                   "N_once", "N_rec", "N_emb", "N_norm", "N_total", "flops_per_token", "seq_len", "batch_size",
-                   "vocab_size", "vocab_multiple", "head_dim", "mlp_ratio", "hc_lanes"]
+OK_KEYS = [
+    "status",
+    "val_loss",
+    "val_loss_se",
+    "val_bpb",
+    "train_loss",
+    "steps",
+    "total_steps",
+    "D",
+    "C",
+    "flops",
+    "val_tokens",
+    "r",
+    "d_model",
+    "n_prelude",
+    "n_recur",
+    "n_coda",
+    "L_eff",
+    "layout",
+    "injection",
+    "bptt_k",
+    "N_once",
+    "N_rec",
+    "N_emb",
+    "N_norm",
+    "N_total",
+    "flops_per_token",
+    "seq_len",
+    "batch_size",
+    "vocab_size",
+    "vocab_multiple",
+    "head_dim",
+    "mlp_ratio",
+    "hc_lanes",
+    "tokens_per_param",
+    "wall_s",
+    "dtype",
+    "world_size",
+    "hardware",
+    "versions",
+    "data_fingerprint",
+    "threads",
+    "compile",
+    "micro_batch",
+    "val_micro_batch",
+    "predicted_peak_bytes",
+    "predicted_val_peak_bytes",
+    "memory_limit_bytes",
+]
+ACCOUNTING_KEYS = [
+    "r",
+    "d_model",
+    "n_prelude",
+    "n_recur",
+    "n_coda",
+    "L_eff",
+    "layout",
+    "injection",
+    "bptt_k",
+    "N_once",
+    "N_rec",
+    "N_emb",
+    "N_norm",
+    "N_total",
+    "flops_per_token",
+    "seq_len",
+    "batch_size",
+    "vocab_size",
+    "vocab_multiple",
+    "head_dim",
+    "mlp_ratio",
+    "hc_lanes",
+]
 
 #: the runs table's columns and dtypes before RunRecord (sweep/collect.py's COLUMNS then EXTRA): pinned
-OLD_COLUMNS = ["run_id", "variant", "seed", "C", "r", "d_model", "n_prelude", "n_recur", "n_coda", "N_once", "N_rec",
-               "D", "val_loss", "flops_per_token", "status", "wall_s", "error", "val_loss_se", "val_bpb", "L_eff",
-               "layout", "injection", "bptt_k", "seq_len", "batch_size", "steps", "flops", "tokens_per_param", "N_emb",
-               "N_total", "vocab_size", "vocab_multiple", "head_dim", "mlp_ratio", "hc_lanes", "attempts"]
+OLD_COLUMNS = [
+    "run_id",
+    "variant",
+    "seed",
+    "C",
+    "r",
+    "d_model",
+    "n_prelude",
+    "n_recur",
+    "n_coda",
+    "N_once",
+    "N_rec",
+    "D",
+    "val_loss",
+    "flops_per_token",
+    "status",
+    "wall_s",
+    "error",
+    "val_loss_se",
+    "val_bpb",
+    "L_eff",
+    "layout",
+    "injection",
+    "bptt_k",
+    "seq_len",
+    "batch_size",
+    "steps",
+    "flops",
+    "tokens_per_param",
+    "N_emb",
+    "N_total",
+    "vocab_size",
+    "vocab_multiple",
+    "head_dim",
+    "mlp_ratio",
+    "hc_lanes",
+    "attempts",
+]
 OLD_INT64 = {"r", "d_model", "n_prelude", "n_recur", "n_coda", "N_once", "N_rec", "seed", "attempts"}
 OLD_FLOAT64 = {"C", "D", "val_loss", "val_loss_se", "val_bpb", "flops_per_token", "wall_s", "flops", "tokens_per_param"}
 
@@ -42,6 +140,7 @@ OK = {"status": "ok", "val_loss": 3.0, "r": 2, "N_once": 1000, "N_rec": 500, "D"
 
 
 # ---- what the trainer writes --------------------------------------------------------------------------------------
+
 
 def test_the_trainer_writes_the_same_keys_and_types_through_the_record(tmp_path: Path) -> None:
     from loopscale.train import TrainingFailed, train
@@ -71,8 +170,9 @@ def test_a_diverged_run_records_its_error_last(tmp_path: Path, monkeypatch: pyte
     from loopscale.train import train
 
     forward = LoopedLM.forward
-    monkeypatch.setattr(LoopedLM, "forward", lambda self, idx, targets=None, **kw: forward(self, idx, targets, **kw)
-                        * math.nan)
+    monkeypatch.setattr(
+        LoopedLM, "forward", lambda self, idx, targets=None, **kw: forward(self, idx, targets, **kw) * math.nan
+    )
     res = train(cfg_with(steps=6), tmp_path / "run", progress=False)
     assert res["status"] == "diverged" and list(res) == [*OK_KEYS, "error"] and res["val_loss"] is None
     assert record_problem(res) is None
@@ -88,6 +188,7 @@ def test_dump_writes_only_what_was_set_and_keeps_unknown_keys() -> None:
 
 # ---- the runs table ----------------------------------------------------------------------------------------------
 
+
 def test_the_table_keeps_its_lead_columns_and_dtypes_and_appends_the_rest() -> None:
     from loopscale.sweep.collect import COLUMNS, EXTRA
 
@@ -97,7 +198,7 @@ def test_the_table_keeps_its_lead_columns_and_dtypes_and_appends_the_rest() -> N
     for c in OLD_COLUMNS:
         want = "Int64" if c in OLD_INT64 else "float64" if c in OLD_FLOAT64 else None
         assert table_dtype(c) == want, c
-    new = cols[len(OLD_COLUMNS):]
+    new = cols[len(OLD_COLUMNS) :]
     assert new == tuple(f for f in record.record_columns() if f not in OLD_COLUMNS)  # field order
     assert {"N_norm", "train_loss", "technique", "micro_batch", "measured_peak_bytes"} <= set(new)
     assert not {"hardware", "versions", "traceback"} & set(cols)  # nested or no cell
@@ -136,12 +237,42 @@ def test_an_old_run_dir_collects_and_validates(tmp_path: Path) -> None:
 
     from loopscale.sweep import runs_table
 
-    old = {"status": "ok", "val_loss": 3.25, "val_loss_se": 0.01, "steps": 12, "D": 6144, "C": 2e9, "flops": 1.9e9,
-           "r": 2, "d_model": 16, "n_prelude": 1, "n_recur": 2, "n_coda": 1, "L_eff": 6, "layout": "1 + 2x2 + 1",
-           "injection": "linear", "bptt_k": None, "N_once": 6144, "N_rec": 6144, "N_emb": 4112, "N_total": 16400,
-           "flops_per_token": 300000.0, "seq_len": 64, "batch_size": 8, "vocab_size": 257, "vocab_multiple": 64,
-           "head_dim": 16, "mlp_ratio": 4, "hc_lanes": 2, "tokens_per_param": 0.5, "wall_s": 1.5, "dtype": "float32",
-           "hardware": {"device": "cpu"}, "versions": {"torch": "2.0"}, "retired_key": 1}
+    old = {
+        "status": "ok",
+        "val_loss": 3.25,
+        "val_loss_se": 0.01,
+        "steps": 12,
+        "D": 6144,
+        "C": 2e9,
+        "flops": 1.9e9,
+        "r": 2,
+        "d_model": 16,
+        "n_prelude": 1,
+        "n_recur": 2,
+        "n_coda": 1,
+        "L_eff": 6,
+        "layout": "1 + 2x2 + 1",
+        "injection": "linear",
+        "bptt_k": None,
+        "N_once": 6144,
+        "N_rec": 6144,
+        "N_emb": 4112,
+        "N_total": 16400,
+        "flops_per_token": 300000.0,
+        "seq_len": 64,
+        "batch_size": 8,
+        "vocab_size": 257,
+        "vocab_multiple": 64,
+        "head_dim": 16,
+        "mlp_ratio": 4,
+        "hc_lanes": 2,
+        "tokens_per_param": 0.5,
+        "wall_s": 1.5,
+        "dtype": "float32",
+        "hardware": {"device": "cpu"},
+        "versions": {"torch": "2.0"},
+        "retired_key": 1,
+    }
     assert record_problem(old) is None
     rec = RunRecord.model_validate(old)
     assert rec.N_norm is None and rec.micro_batch is None and rec.model_extra == {"retired_key": 1}
@@ -158,23 +289,27 @@ def test_an_old_run_dir_collects_and_validates(tmp_path: Path) -> None:
 
 # ---- validation --------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("doc", "message"), [
-    ({"val_loss": 3.0}, "status: expected one of ok, diverged, failed, got None"),
-    ({**OK, "status": "done"}, "status: expected one of ok, diverged, failed, got 'done'"),
-    ({**OK, "val_loss": "low"}, "val_loss: expected a finite number, got 'low'"),
-    ({**OK, "val_loss": float("nan")}, "val_loss: expected a finite number, got nan"),
-    ({**OK, "r": 0}, "r: expected >= 1, got 0"),
-    ({**OK, "N_rec": -1}, "N_rec: expected >= 0, got -1"),
-    ({**OK, "D": 0}, "D: expected > 0, got 0"),
-    ({**OK, "D": True}, "D: expected a finite number, got True"),
-    ({**OK, "steps": "12"}, None),  # lax, as JSON from another writer may be: a numeric string is a number
-    ({**OK, "steps": 12.5}, "steps: expected an integer, got 12.5"),
-    ({**OK, "hardware": "gpu"}, "hardware: expected a JSON object, got 'gpu'"),
-    ({**OK, "layout": 3}, "layout: expected a string, got 3"),
-    ({"status": "failed", "error": "boom"}, None),
-    ({"status": "diverged", "val_loss": None, "error": "loss nan"}, None),
-    ([1, 2], "expected a JSON object, got [1, 2]"),
-])
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"val_loss": 3.0}, "status: expected one of ok, diverged, failed, got None"),
+        ({**OK, "status": "done"}, "status: expected one of ok, diverged, failed, got 'done'"),
+        ({**OK, "val_loss": "low"}, "val_loss: expected a finite number, got 'low'"),
+        ({**OK, "val_loss": float("nan")}, "val_loss: expected a finite number, got nan"),
+        ({**OK, "r": 0}, "r: expected >= 1, got 0"),
+        ({**OK, "N_rec": -1}, "N_rec: expected >= 0, got -1"),
+        ({**OK, "D": 0}, "D: expected > 0, got 0"),
+        ({**OK, "D": True}, "D: expected a finite number, got True"),
+        ({**OK, "steps": "12"}, None),  # lax, as JSON from another writer may be: a numeric string is a number
+        ({**OK, "steps": 12.5}, "steps: expected an integer, got 12.5"),
+        ({**OK, "hardware": "gpu"}, "hardware: expected a JSON object, got 'gpu'"),
+        ({**OK, "layout": 3}, "layout: expected a string, got 3"),
+        ({"status": "failed", "error": "boom"}, None),
+        ({"status": "diverged", "val_loss": None, "error": "loss nan"}, None),
+        ([1, 2], "expected a JSON object, got [1, 2]"),
+    ],
+)
 def test_validation_names_the_field_and_what_it_expected(doc, message) -> None:
     assert record_problem(doc) == message
 
@@ -235,6 +370,7 @@ def test_eval_skips_an_invalid_record_with_a_note(tmp_path: Path) -> None:
 
 # ---- docs and layering -------------------------------------------------------------------------------------------
 
+
 def test_the_docs_list_every_runs_table_column() -> None:
     text = (DOCS / "sweep.md").read_text(encoding="utf-8")
     section = text.split("## The runs table", 1)[1].split("\n## ", 1)[0]
@@ -249,12 +385,14 @@ def test_the_docs_list_every_runs_table_column() -> None:
 def test_the_record_is_light() -> None:
     """The sweep store and `sweep plan` read it: no torch, no pandas; and the model's chunk sizes load without
     torch (``loopscale.memory`` reads them)."""
-    code = ("import sys\n"
-            "import loopscale.record, loopscale.model.chunks, loopscale.memory\n"
-            "bad = [m for m in ('torch', 'pandas', 'numpy') if m in sys.modules]\n"
-            "assert not bad, bad\n"
-            "from loopscale.model import LoopedLM\n"  # the model's names still load, on first use
-            "assert LoopedLM.__module__ == 'loopscale.model.looped'\n")
+    code = (
+        "import sys\n"
+        "import loopscale.record, loopscale.model.chunks, loopscale.memory\n"
+        "bad = [m for m in ('torch', 'pandas', 'numpy') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+        "from loopscale.model import LoopedLM\n"  # the model's names still load, on first use
+        "assert LoopedLM.__module__ == 'loopscale.model.looped'\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     from test_imports import import_graph

@@ -215,8 +215,20 @@ def test_r1_only_table_is_labelled_not_identified_and_missing_axes_say_not_evalu
     runs = synthetic_runs(0.46, seed=4)
     runs[runs["r"] == 1].to_csv(tmp_path / "runs.csv", index=False)
     out = tmp_path / "report"
-    code = run_app(["report", str(tmp_path / "runs.csv"), "--out", str(out), "--bootstrap", "8", "--lr-draws", "200",
-                    "--restarts", "30"])
+    code = run_app(
+        [
+            "report",
+            str(tmp_path / "runs.csv"),
+            "--out",
+            str(out),
+            "--bootstrap",
+            "8",
+            "--lr-draws",
+            "200",
+            "--restarts",
+            "30",
+        ]
+    )
     assert code == 0
     assert NOT_IDENTIFIED in capsys.readouterr().out
     assert (out / "fit.json").is_file()  # the report ran the fit and kept it
@@ -292,8 +304,10 @@ def test_refits_against_controls_are_stated_beside_the_headline(report):
     lines = control_refits(SimpleNamespace(fit=doc, variant="baseline"))
     assert len(lines) == 1 and "'loop1' (baseline@loop1): φ̂ = 0.750 [0.590, 1.110]" in lines[0]
     assert "0.52 wide" in lines[0] and "includes φ = 1" in lines[0]
-    assert control_refits(SimpleNamespace(fit=json.loads((report[0].parent / "fit.json").read_text()),
-                                          variant="baseline")) == []
+    assert (
+        control_refits(SimpleNamespace(fit=json.loads((report[0].parent / "fit.json").read_text()), variant="baseline"))
+        == []
+    )
 
 
 def test_axes_table_without_a_loss_column_is_a_one_line_error():
@@ -310,8 +324,10 @@ def test_importing_the_report_does_not_load_torch():
 def test_the_report_tables_do_not_import_matplotlib():
     """The tables read their numbers from ``report.data``, not from the figures: a notebook that wants the
     tables (or the context and the verdict) does not load the plotting stack."""
-    code = ("import sys, loopscale.report, loopscale.report.tables, loopscale.report.data; "
-            "print('matplotlib' in sys.modules, 'torch' in sys.modules)")
+    code = (
+        "import sys, loopscale.report, loopscale.report.tables, loopscale.report.data; "
+        "print('matplotlib' in sys.modules, 'torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False"
 
@@ -340,7 +356,8 @@ def test_phi_and_its_ci_print_the_same_in_fit_and_in_the_report(report, capsys):
 
 
 def test_the_plain_headline_leads_with_the_papers_estimand_and_labels_the_control_fit_a_different_quantity(
-        report, tmp_path):
+    report, tmp_path
+):
     import html
     import io
 
@@ -358,10 +375,10 @@ def test_the_plain_headline_leads_with_the_papers_estimand_and_labels_the_contro
     doc = json.loads((report[0].parent / "fit.json").read_text())
     ctrl = copy.deepcopy(doc["variants"]["baseline"])
     ctrl["law"]["params"]["phi"], ctrl["inference"]["phi"]["ci"] = 0.75, [0.62, 0.93]
-    ctrl["inference"]["tests"] = {"phi=0": {"value": 0.0, "p": 0.001, "rejected": True, "held_out_worse": True,
-                                            "ruled_out": True},
-                                  "phi=1": {"value": 1.0, "p": 0.004, "rejected": True, "held_out_worse": False,
-                                            "ruled_out": False}}
+    ctrl["inference"]["tests"] = {
+        "phi=0": {"value": 0.0, "p": 0.001, "rejected": True, "held_out_worse": True, "ruled_out": True},
+        "phi=1": {"value": 1.0, "p": 0.004, "rejected": True, "held_out_worse": False, "ruled_out": False},
+    }
     doc["variants"]["baseline@loop1"] = ctrl
     doc["variants"]["baseline"]["law"]["at_bounds"] = ["phi"]  # the paper-design fit ran into its bound
     ctx = ReportContext.build(load_inputs(runs, tmp_path, fit=doc, axes=small_axes_table(runs)))
@@ -382,8 +399,9 @@ def test_the_plain_headline_leads_with_the_papers_estimand_and_labels_the_contro
     md = render_markdown(ctx, [], [], [])  # what summary.md and index.html open with (figures: other tests)
     page = html.unescape(render_html(ctx, [], [], []))
     buf = io.StringIO()
-    _print_headline(Console(file=buf, width=100), {"plain": lines, "phi": 0.5, "report": "x", "wall_s": 60.0},
-                    axes_table(ctx))
+    _print_headline(
+        Console(file=buf, width=100), {"plain": lines, "phi": 0.5, "report": "x", "wall_s": 60.0}, axes_table(ctx)
+    )
     term = " ".join(buf.getvalue().split())  # rich wraps long lines
     for line in lines:
         assert line in md and line in page and line in term

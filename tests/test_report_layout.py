@@ -32,9 +32,20 @@ def _axes(runs: pd.DataFrame) -> pd.DataFrame:
         run = cell.loc[cell["val_loss"].idxmin()]
         for r_eval in (1, 2, 4, 8, 16) if c == top and r > 1 else (r,):
             for k, axis in enumerate(("knowledge", "reading", "math", "reasoning", "symbolic")):
-                rows.append({"run_id": run["run_id"], "C": c, "r": r, "r_eval": r_eval, "variant": "baseline",
-                             "axis": axis, "task": axis, "loss": 1.2 + 0.1 * k + 0.02 * abs(np.log2(r_eval / r)),
-                             "accuracy": 0.5, "n_items": 24})
+                rows.append(
+                    {
+                        "run_id": run["run_id"],
+                        "C": c,
+                        "r": r,
+                        "r_eval": r_eval,
+                        "variant": "baseline",
+                        "axis": axis,
+                        "task": axis,
+                        "loss": 1.2 + 0.1 * k + 0.02 * abs(np.log2(r_eval / r)),
+                        "accuracy": 0.5,
+                        "n_items": 24,
+                    }
+                )
     return pd.DataFrame(rows)
 
 

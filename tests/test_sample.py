@@ -34,7 +34,7 @@ def test_greedy_is_the_default_and_matches_a_full_recompute() -> None:
     with torch.no_grad():
         for _ in range(8):  # no cache: the whole sequence every step
             seq = torch.cat([seq, m(seq, r=3)[:, -1].argmax(-1, keepdim=True)], dim=1)
-    assert torch.equal(out, seq[:, idx.size(1):])
+    assert torch.equal(out, seq[:, idx.size(1) :])
 
 
 def test_sampling_is_seeded_and_stays_in_the_top_k() -> None:

@@ -16,8 +16,24 @@ from loopscale.errors import ConfigError
 from loopscale.train import load_train_config, train
 from loopscale.train.batches import load_token_data
 
-WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wise",
-         "owls", "count", "silver", "stars"]
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "seven",
+    "wise",
+    "owls",
+    "count",
+    "silver",
+    "stars",
+]
 
 
 def make_docs(n: int, seed: int = 0) -> list[str]:
@@ -33,8 +49,7 @@ def test_text_folder_gives_one_document_per_file_and_a_fixed_holdout(tmp_path: P
     for i, d in enumerate(make_docs(40)):
         (tmp_path / f"{i:02d}.txt").write_text(d)
     a = load_token_data(data_cfg(source="text", paths=[str(tmp_path)], val_fraction=0.1), 32, use_cache=False)
-    b = load_token_data(data_cfg(source="text", paths=[str(tmp_path)], val_fraction=0.1, seed=3), 32,
-                        use_cache=False)
+    b = load_token_data(data_cfg(source="text", paths=[str(tmp_path)], val_fraction=0.1, seed=3), 32, use_cache=False)
     assert a.train.shape[1] == 33 and (a.train[:, 0] == 256).all()
     assert a.val.shape == b.val.shape and bool((a.val == b.val).all())  # validation does not depend on the seed
 
@@ -46,10 +61,12 @@ def test_jsonl_and_parquet_read_the_text_column(tmp_path: Path) -> None:
     docs = make_docs(30)
     (tmp_path / "d.jsonl").write_text("".join(json.dumps({"id": i, "body": d}) + "\n" for i, d in enumerate(docs)))
     pq.write_table(pa.table({"body": docs}), tmp_path / "d.parquet")
-    js = load_token_data(data_cfg(source="jsonl", paths=[str(tmp_path / "d.jsonl")], text_field="body"), 32,
-                         use_cache=False)
-    pa_ = load_token_data(data_cfg(source="parquet", paths=[str(tmp_path / "d.parquet")], text_field="body"), 32,
-                          use_cache=False)
+    js = load_token_data(
+        data_cfg(source="jsonl", paths=[str(tmp_path / "d.jsonl")], text_field="body"), 32, use_cache=False
+    )
+    pa_ = load_token_data(
+        data_cfg(source="parquet", paths=[str(tmp_path / "d.parquet")], text_field="body"), 32, use_cache=False
+    )
     assert js.fingerprint == pa_.fingerprint and np.array_equal(js.train, pa_.train)
 
 
@@ -78,8 +95,7 @@ def test_bin_shards_round_trip_and_headerless_arrays_need_a_dtype(tmp_path: Path
         sources.read_shard(tmp_path / "c.raw")
     docs = list(sources.shard_documents(toks, 255))
     assert len(docs) == 50 and all(255 not in d for d in docs)
-    td = load_token_data(data_cfg(source="shards", paths=[str(tmp_path / "a.bin")], bos_id=255), 16,
-                         use_cache=False)
+    td = load_token_data(data_cfg(source="shards", paths=[str(tmp_path / "a.bin")], bos_id=255), 16, use_cache=False)
     assert (td.train[:, 0] == 255).all()
     (tmp_path / "trunc.bin").write_bytes((tmp_path / "a.bin").read_bytes()[:-10])
     with pytest.raises(ConfigError, match="truncated shard"):
@@ -102,8 +118,23 @@ def test_tokenizer_train_cli_then_training_with_the_bpe(tmp_path: Path) -> None:
     for i, d in enumerate(make_docs(200)):
         (corpus / f"{i:03d}.txt").write_text(d)
     tok = tmp_path / "tok.json"
-    proc = subprocess.run([sys.executable, "-m", "loopscale", "tokenizer", "train", str(corpus), "--vocab-size",
-                           "300", "--out", str(tok)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "loopscale",
+            "tokenizer",
+            "train",
+            str(corpus),
+            "--vocab-size",
+            "300",
+            "--out",
+            str(tok),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     from loopscale.data.hf_tokenizer import HFTokenizer
 
@@ -112,9 +143,20 @@ def test_tokenizer_train_cli_then_training_with_the_bpe(tmp_path: Path) -> None:
     assert t.decode(t.encode("seven wise owls")) == "seven wise owls"
     assert len(t.encode("seven wise owls")) < len("seven wise owls")  # merges learned
     sets = [f"model.{k}={json.dumps(v)}" for k, v in TINY_MODEL.items()]
-    sets += ["model.r=2", "model.vocab_size=300", "data.source='text'", f"data.paths=['{corpus}']",
-             f"data.tokenizer='{tok}'", "run.steps=10", "run.batch_size=4", "run.min_steps=5", "run.threads=1",
-             "optim.transfer=false", "model.seq_len=32", "run.val_tokens=256"]
+    sets += [
+        "model.r=2",
+        "model.vocab_size=300",
+        "data.source='text'",
+        f"data.paths=['{corpus}']",
+        f"data.tokenizer='{tok}'",
+        "run.steps=10",
+        "run.batch_size=4",
+        "run.min_steps=5",
+        "run.threads=1",
+        "optim.transfer=false",
+        "model.seq_len=32",
+        "run.val_tokens=256",
+    ]
     res = train(load_train_config(None, sets), tmp_path / "run", progress=False)
     assert res["status"] == "ok" and res["val_loss"] < np.log(300)
     with pytest.raises(ConfigError, match=r"model.vocab_size: smaller than the tokenizer's vocabulary \(300\)"):

@@ -62,8 +62,9 @@ def toy(monkeypatch: pytest.MonkeyPatch) -> type[ToyExecutor]:
     return ToyExecutor
 
 
-def test_a_registered_executor_runs_a_tiny_sweep_through_the_cli_with_its_own_spec_table(toy, tmp_path: Path,
-                                                                                         capsys) -> None:
+def test_a_registered_executor_runs_a_tiny_sweep_through_the_cli_with_its_own_spec_table(
+    toy, tmp_path: Path, capsys
+) -> None:
     from loopscale.cli import run_app
 
     spec = one_run_spec()

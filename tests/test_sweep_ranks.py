@@ -108,16 +108,25 @@ def test_a_failed_first_attempt_is_recorded_once_and_retried_on_both_ranks(sweep
     assert not (store.run_dir(rid) / "lock.json").exists()
 
 
-def test_a_run_failing_every_attempt_gives_up_after_max_retries_on_both_ranks(tmp_path: Path,
-                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_failing_every_attempt_gives_up_after_max_retries_on_both_ranks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("LOOPSCALE_RANK_TIMEOUT_S", "20")
-    spec = spec_from_dict(tiny_sweep_spec({"log_every": 5, "fail_at_step": 2}, budgets=[2e9], r=[2],
-                                          widths={"2e9": [16]}))
+    spec = spec_from_dict(
+        tiny_sweep_spec({"log_every": 5, "fail_at_step": 2}, budgets=[2e9], r=[2], widths={"2e9": [16]})
+    )
     store = prepare(spec, tmp_path / "sw")
     rid = spec.runs()[0].run_id
     t0 = time.time()
-    (rec,) = submit(store, spec.runs(), {rid: 1e9}, SlurmSettings(max_requeues=0), max_retries=2, cluster="local",
-                    parameters=LOCAL_2_RANKS)
+    (rec,) = submit(
+        store,
+        spec.runs(),
+        {rid: 1e9},
+        SlurmSettings(max_requeues=0),
+        max_retries=2,
+        cluster="local",
+        parameters=LOCAL_2_RANKS,
+    )
     assert _results(rec["jobs"][0]) == ["failed", "failed"]
     assert time.time() - t0 < 90
     assert _events(store, rid) == ["start", "failed"] * 3  # max_retries + 1 attempts, one failure each
@@ -125,7 +134,10 @@ def test_a_run_failing_every_attempt_gives_up_after_max_retries_on_both_ranks(tm
     assert att["attempts"] == 3 and att["failures"] == 3 and att["retryable"] is True
     assert runnable(store, rid, 2) == (False, "failed")
     assert sorted(p.name for p in store.run_dir(rid).glob("result*.json")) == [
-        "result.failed-1.json", "result.failed-2.json", "result.json"]
+        "result.failed-1.json",
+        "result.failed-2.json",
+        "result.json",
+    ]
     assert "injected failure at step 2" in json.loads((store.run_dir(rid) / "result.json").read_text())["error"]
 
 
@@ -141,7 +153,8 @@ def test_rank_0_skipping_a_finished_run_trains_on_no_rank(sweep: tuple[SweepStor
 
 @pytest.mark.long
 def test_one_rank_failing_inside_training_ends_both_ranks_and_the_next_submission_finishes(
-        sweep: tuple[SweepStore, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    sweep: tuple[SweepStore, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Rank 1 raises at step 2 while rank 0 waits in that step's all-reduce: no hang, one failure, retryable."""
     store, rid = sweep
     monkeypatch.setenv("LOOPSCALE_RANK_TIMEOUT_S", "5")
@@ -184,5 +197,6 @@ def test_rank_0_records_one_failure_naming_each_rank_that_failed_first_one_first
     assert config.kind == "config"  # recorded as not retryable
     ok = _Ending("result", result={"status": "ok"})
     assert _combine(ok, {1: None}, 5) is ok  # rank 0 passed the final barrier: the run finished
-    assert _combine(own, {1: {"kind": "interrupted", "error": "", "traceback": "", "ended": 1.0}}, 5).kind == \
-        "interrupted"
+    assert (
+        _combine(own, {1: {"kind": "interrupted", "error": "", "traceback": "", "ended": 1.0}}, 5).kind == "interrupted"
+    )

@@ -1,6 +1,5 @@
 """Sweep edges: leftovers of finished runs, the stale-lock race, orphaned workers, corrupt files, failure history."""
 
-
 import json
 import os
 import subprocess
@@ -51,8 +50,9 @@ def _claim(root: str, rid: str, delay: float, out) -> None:
     time.sleep(2.0)  # still alive while the other contender looks at the lock
 
 
-def test_two_processes_taking_over_the_same_stale_lock_never_both_win(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_processes_taking_over_the_same_stale_lock_never_both_win(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import multiprocessing
     import socket
     import time
@@ -112,8 +112,22 @@ def test_a_worker_stops_when_its_isolated_sweep_is_killed(tmp_path: Path) -> Non
     spec = tiny_spec(budgets=[2e11], r=[2], widths={"2e11": [32]})  # hundreds of steps: still training when killed
     spec_path = write_spec(tmp_path / "spec.toml", spec)
     root = tmp_path / "sw"
-    parent = subprocess.Popen([sys.executable, "-m", "loopscale", "sweep", "run", str(spec_path), "--out", str(root),
-                               "--isolate", "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "loopscale",
+            "sweep",
+            "run",
+            str(spec_path),
+            "--out",
+            str(root),
+            "--isolate",
+            "--no-progress",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     store, worker = SweepStore(root), None
     try:
         t0 = time.time()
@@ -227,8 +241,9 @@ def test_a_run_id_that_leaves_the_sweep_is_not_followed(mixed, tmp_path: Path, c
     meta = json.loads((root / "runs" / done / "sweep.json").read_text())
     outside = tmp_path / "outside"
     outside.mkdir()
-    (outside / "result.json").write_text((root / "runs" / done / "result.json").read_text().replace(
-        '"val_loss": ', '"val_loss": 99.0, "was": '))
+    (outside / "result.json").write_text(
+        (root / "runs" / done / "result.json").read_text().replace('"val_loss": ', '"val_loss": 99.0, "was": ')
+    )
     meta["run_id"] = "../../outside"
     (root / "runs" / done / "sweep.json").write_text(json.dumps(meta))
     code, out = _cli(capsys, "sweep", "collect", str(root))
@@ -257,16 +272,20 @@ def test_a_run_dir_that_links_out_of_the_sweep_is_named_not_followed(mixed, tmp_
     assert {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()} == before
 
 
-@pytest.mark.parametrize(("edit", "named"), [
-    ({"val_loss": "3.1"}, "val_loss: expected a finite number, got '3.1'"),
-    ({"val_loss": None}, "val_loss: expected a finite number, got None"),
-    ({"D": -5}, "D: expected > 0, got -5"),
-    ({"r": 0}, "r: expected >= 1, got 0"),
-    ({"N_rec": [1]}, "N_rec: expected a finite number, got [1]"),
-    ({"status": "great"}, "status: expected one of ok, diverged, failed, got 'great'"),
-])
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        ({"val_loss": "3.1"}, "val_loss: expected a finite number, got '3.1'"),
+        ({"val_loss": None}, "val_loss: expected a finite number, got None"),
+        ({"D": -5}, "D: expected > 0, got -5"),
+        ({"r": 0}, "r: expected >= 1, got 0"),
+        ({"N_rec": [1]}, "N_rec: expected a finite number, got [1]"),
+        ({"status": "great"}, "status: expected one of ok, diverged, failed, got 'great'"),
+    ],
+)
 def test_a_result_json_with_a_bad_field_is_corrupt_and_named_not_a_hole_in_the_table(
-        mixed, tmp_path: Path, capsys, edit: dict, named: str) -> None:
+    mixed, tmp_path: Path, capsys, edit: dict, named: str
+) -> None:
     """collect coerced a string loss or a list to NaN and exited 0 (issue 29, item 6): the fit then refused a
     table with a hole, far from the file at fault."""
     root, done, _failed = _copy(mixed, tmp_path)
@@ -280,7 +299,7 @@ def test_a_result_json_with_a_bad_field_is_corrupt_and_named_not_a_hole_in_the_t
 def test_a_corrupt_result_json_is_reported_then_set_aside_and_the_run_redone(mixed, tmp_path: Path, capsys) -> None:
     root, done, _failed = _copy(mixed, tmp_path)
     good = json.loads((root / "runs" / done / "result.json").read_text())
-    (root / "runs" / done / "result.json").write_text("{\"status\": \"ok\", \"val_lo")
+    (root / "runs" / done / "result.json").write_text('{"status": "ok", "val_lo')
     code, out = _cli(capsys, "sweep", "status", str(root))
     assert "1 corrupt" in out and f"runs/{done}/result.json: unreadable" in out
     code, out = _cli(capsys, "sweep", "collect", str(root))
@@ -306,12 +325,16 @@ def test_retry_failed_twice_keeps_every_failure_record(mixed, tmp_path: Path, ca
     assert json.loads((d / "result.json").read_text())["status"] == "failed"
 
 
-@pytest.mark.parametrize(("table", "field"), [
-    ({"job_name": "loopscale\n#SBATCH --nodes=64"}, "slurm.job_name"),
-    ({"partition": "gpu\rrm -rf ~"}, "slurm.partition"),
-    ({"additional": {"mail-user": "me@x.org\necho injected"}}, "slurm.additional"),
-    ({"additional": {"exclusive\n#SBATCH --nodes": "64"}}, "slurm.additional"),
-], ids=["job_name", "partition", "additional value", "additional key"])
+@pytest.mark.parametrize(
+    ("table", "field"),
+    [
+        ({"job_name": "loopscale\n#SBATCH --nodes=64"}, "slurm.job_name"),
+        ({"partition": "gpu\rrm -rf ~"}, "slurm.partition"),
+        ({"additional": {"mail-user": "me@x.org\necho injected"}}, "slurm.additional"),
+        ({"additional": {"exclusive\n#SBATCH --nodes": "64"}}, "slurm.additional"),
+    ],
+    ids=["job_name", "partition", "additional value", "additional key"],
+)
 def test_a_newline_in_a_slurm_setting_is_refused_in_one_line_naming_the_field(table: dict, field: str) -> None:
     from loopscale.errors import ConfigError
 
@@ -369,8 +392,9 @@ def test_a_tethered_worker_keeps_its_books_through_a_second_sigterm_from_its_swe
     marker = tmp_path / "done"
     (tmp_path / "child.py").write_text(_CHILD)
     (tmp_path / "parent.py").write_text(_PARENT)
-    parent = subprocess.run([sys.executable, str(tmp_path / "parent.py"), str(tmp_path / "child.py"), str(marker)],
-                            timeout=120, check=False)
+    parent = subprocess.run(
+        [sys.executable, str(tmp_path / "parent.py"), str(tmp_path / "child.py"), str(marker)], timeout=120, check=False
+    )
     assert parent.returncode == 0 and (tmp_path / "done.books").exists()  # the first SIGTERM reached it
     t0 = time.time()
     while not marker.exists() and time.time() - t0 < 30:

@@ -55,8 +55,11 @@ def test_tiny_sweep_finishes_and_collects_a_correct_runs_table(finished, tmp_pat
         assert tokens == row.D
         assert row.val_loss == res["val_loss"] and row.wall_s == res["wall_s"] and row.error == ""
     csv_path, pq_path = write_table(df, tmp_path / "runs.csv")
-    pd.testing.assert_frame_equal(pd.read_csv(csv_path)[["run_id", "r", "N_once", "D", "val_loss"]],
-                                  df[["run_id", "r", "N_once", "D", "val_loss"]], check_dtype=False)
+    pd.testing.assert_frame_equal(
+        pd.read_csv(csv_path)[["run_id", "r", "N_once", "D", "val_loss"]],
+        df[["run_id", "r", "N_once", "D", "val_loss"]],
+        check_dtype=False,
+    )
     pd.testing.assert_frame_equal(pd.read_parquet(pq_path), df)
     from loopscale.fit import load_runs
 
@@ -92,8 +95,9 @@ def _wait_unlocked(store: SweepStore, timeout: float = 60) -> None:
 
 
 @pytest.mark.parametrize("slots", [1, 2])
-def test_sigkill_mid_run_then_restart_finishes_every_run_once_with_the_same_table(finished, tmp_path: Path,
-                                                                                  slots: int) -> None:
+def test_sigkill_mid_run_then_restart_finishes_every_run_once_with_the_same_table(
+    finished, tmp_path: Path, slots: int
+) -> None:
     from loopscale.cli import run_app
 
     spec = tiny_spec()
@@ -102,9 +106,25 @@ def test_sigkill_mid_run_then_restart_finishes_every_run_once_with_the_same_tabl
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     for attempt in range(3):
         root = tmp_path / f"killed{attempt}"
-        proc = subprocess.Popen([sys.executable, "-m", "loopscale", "sweep", "run", str(spec_path), "--out",
-                                 str(root), "--no-progress", "--slots", str(slots)], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "loopscale",
+                "sweep",
+                "run",
+                str(spec_path),
+                "--out",
+                str(root),
+                "--no-progress",
+                "--slots",
+                str(slots),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         _wait_mid_run(root, proc)
         proc.send_signal(signal.SIGKILL)
         proc.communicate()
@@ -115,8 +135,10 @@ def test_sigkill_mid_run_then_restart_finishes_every_run_once_with_the_same_tabl
         # first checkpoint (it then restarts from step 0, as it must): the victim is one that had checkpointed.
         # The tethered slot workers finish their step after the kill, so a run seen mid-run with one step left
         # can end "done" instead: then the kill missed every checkpointed run, and the scenario is rerun.
-        victim = next((rid for rid, st in states.items()
-                       if st == "interrupted" and (root / "runs" / rid / "ckpt.pt").exists()), None)
+        victim = next(
+            (rid for rid, st in states.items() if st == "interrupted" and (root / "runs" / rid / "ckpt.pt").exists()),
+            None,
+        )
         if victim is not None:
             break
     assert victim is not None, states
@@ -131,8 +153,10 @@ def test_sigkill_mid_run_then_restart_finishes_every_run_once_with_the_same_tabl
     events = store.events()
     done = [e["run_id"] for e in events if e["event"] == "done"]
     assert sorted(done) == sorted(straight["run_id"])  # every run finished exactly once
-    assert json.loads((root / "runs" / victim / "result.json").read_text())["steps"] == \
-        straight.set_index("run_id").loc[victim, "steps"]
+    assert (
+        json.loads((root / "runs" / victim / "result.json").read_text())["steps"]
+        == straight.set_index("run_id").loc[victim, "steps"]
+    )
     starts = [e for e in events if e["event"] == "start" and e["run_id"] == victim]
     assert len(starts) == 2 and starts[1]["resume"] is True
 
@@ -150,8 +174,11 @@ def test_a_kill_between_result_and_done_event_is_logged_on_restart(finished, tmp
     log = root / "events.jsonl"
     lines = log.read_text().splitlines()
     victim = json.loads(next(ln for ln in lines if json.loads(ln)["event"] == "done"))["run_id"]
-    log.write_text("".join(ln + "\n" for ln in lines
-                           if not (json.loads(ln)["event"] == "done" and json.loads(ln)["run_id"] == victim)))
+    log.write_text(
+        "".join(
+            ln + "\n" for ln in lines if not (json.loads(ln)["event"] == "done" and json.loads(ln)["run_id"] == victim)
+        )
+    )
     assert run_app(["sweep", "run", str(root), "--no-progress", "--slots", "1"]) == 0
     assert run_app(["sweep", "run", str(root), "--no-progress", "--slots", "1"]) == 0  # already logged: no repeat
     events = SweepStore(root).events()
@@ -162,13 +189,16 @@ def test_a_kill_between_result_and_done_event_is_logged_on_restart(finished, tmp
 
 
 @pytest.mark.parametrize("slots", [1, 2])
-def test_a_run_that_raises_is_recorded_failed_with_its_error_and_the_others_complete(tmp_path: Path,
-                                                                                     slots: int) -> None:
+def test_a_run_that_raises_is_recorded_failed_with_its_error_and_the_others_complete(
+    tmp_path: Path, slots: int
+) -> None:
     from loopscale.cli import run_app
 
     spec = tiny_spec(budgets=[2e9], widths={"2e9": [32]}, max_retries=1)
-    spec["sweep"]["variants"] = {"broken": {"run": {"fail_at_step": 3}, "r": [2]},
-                                 "short": {"run": {"min_steps": 1000}, "r": [2], "optim": {"lr_scale": 0.5}}}
+    spec["sweep"]["variants"] = {
+        "broken": {"run": {"fail_at_step": 3}, "r": [2]},
+        "short": {"run": {"min_steps": 1000}, "r": [2], "optim": {"lr_scale": 0.5}},
+    }
     spec["local"] = {"slots": slots}  # the spec's [local] table sets the slots
     spec_path = write_spec(tmp_path / "spec.toml", spec)
     root = tmp_path / "sw"
@@ -264,8 +294,9 @@ def test_debug_slurm_executor_gives_the_same_results_as_the_local_one(finished, 
     spec = spec_from_dict(tiny_spec())
     runs = [rs for rs in spec.runs() if rs.run_id in ("C2e+09_r2_d32_baseline_s0", "C2e+09_r1_d32_baseline_s0")]
     store = prepare(spec, tmp_path / "sw")
-    recs = submit(store, runs, dict.fromkeys((rs.run_id for rs in runs), 1e9), SlurmSettings(), max_retries=0,
-                  cluster="debug")
+    recs = submit(
+        store, runs, dict.fromkeys((rs.run_id for rs in runs), 1e9), SlurmSettings(), max_retries=0, cluster="debug"
+    )
     assert [store.state(rs.run_id).status for rs in runs] == ["queued", "queued"]
     assert [job.result() for rec in recs for job in rec["jobs"]] == ["done", "done"]
     df, _ = runs_table(store)
@@ -308,7 +339,8 @@ def test_gpu_slots_split_the_gpus_into_groups_of_nproc_per_run(monkeypatch: pyte
 
 
 def test_gpu_ids_are_positions_in_the_parents_cuda_visible_devices_and_uuids_pass_through(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from loopscale.errors import ConfigError
     from loopscale.sweep.local import gpu_slots
 
@@ -395,8 +427,9 @@ def test_gpu_slots_run_one_worker_per_gpu_at_a_time(tmp_path: Path, monkeypatch:
         "(d / 'result.json').write_text(json.dumps({'status': 'ok', 'val_loss': 1.0, 'wall_s': 0.4, 'r': 1,"
         " 'N_once': 1, 'N_rec': 1, 'D': 1}))\n"
     )
-    monkeypatch.setattr(local, "_worker_cmd",
-                        lambda store, rid, retries, nproc: [sys.executable, "-c", worker, str(store.run_dir(rid))])
+    monkeypatch.setattr(
+        local, "_worker_cmd", lambda store, rid, retries, nproc: [sys.executable, "-c", worker, str(store.run_dir(rid))]
+    )
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)), raising=False)  # a 16-core node
     spec = spec_from_dict(tiny_spec())

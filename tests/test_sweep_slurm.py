@@ -21,8 +21,14 @@ def tiny_spec(**sweep) -> dict:
     return {
         **tiny_sweep_spec({"log_every": 5}, **sweep),
         # at 2e6 FLOP/s per GPU these runs take 0.3 h (2e9) and 0.6 h (4e9): the larger budget gets 2 GPUs
-        "slurm": {"partition": "gpu", "gpus_per_run": "auto", "target_hours": 0.4, "flops_per_gpu": 2e6,
-                  "array_parallelism": 3, "setup": ["source venv/bin/activate"]},
+        "slurm": {
+            "partition": "gpu",
+            "gpus_per_run": "auto",
+            "target_hours": 0.4,
+            "flops_per_gpu": 2e6,
+            "array_parallelism": 3,
+            "setup": ["source venv/bin/activate"],
+        },
     }
 
 
@@ -37,11 +43,14 @@ def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     rec = tmp_path / "fake_slurm"
     bin_dir = rec / "bin"
     bin_dir.mkdir(parents=True)
-    _script(bin_dir / "sbatch", f"""#!/bin/bash
+    _script(
+        bin_dir / "sbatch",
+        f"""#!/bin/bash
 n=$(( $(ls {rec}/*.sh 2>/dev/null | wc -l) + 1 ))
 cp "$1" {rec}/sbatch_$n.sh
 echo "Submitted batch job $((1000 + n))"
-""")
+""",
+    )
     _script(bin_dir / "squeue", f"#!/bin/bash\ncat {rec}/alive 2>/dev/null\n")
     _script(bin_dir / "srun", "#!/bin/bash\nexit 0\n")
     (rec / "alive").write_text("")
@@ -54,8 +63,15 @@ def _sbatch_flags(text: str) -> dict[str, str]:
 
 
 def test_resources_grow_with_the_runs_flops() -> None:
-    s = SlurmSettings(gpus_per_run="auto", flops_per_gpu=1e14, target_hours=10, max_gpus_per_run=8,
-                      mem_gb_per_gpu=80, cpus_per_gpu=12, max_time_min=1440)
+    s = SlurmSettings(
+        gpus_per_run="auto",
+        flops_per_gpu=1e14,
+        target_hours=10,
+        max_gpus_per_run=8,
+        mem_gb_per_gpu=80,
+        cpus_per_gpu=12,
+        max_time_min=1440,
+    )
     small, big, huge = resources(1e17, s), resources(1e19, s), resources(1e21, s)
     assert (small["gpus"], small["time_min"], small["mem_gb"], small["cpus_per_task"]) == (1, 60, 80, 12)
     assert big["gpus"] == 4 and big["time_min"] == 720 and big["mem_gb"] == 320
@@ -63,8 +79,9 @@ def test_resources_grow_with_the_runs_flops() -> None:
     assert resources(1e17, SlurmSettings(gpus_per_run=0, mem_gb_per_run=16))["gpus"] == 0
 
 
-def test_time_limits_use_finished_runs_then_the_calibration_then_the_assumed_flops(fake_slurm: Path,
-                                                                                tmp_path: Path) -> None:
+def test_time_limits_use_finished_runs_then_the_calibration_then_the_assumed_flops(
+    fake_slurm: Path, tmp_path: Path
+) -> None:
     from loopscale import accounting
     from loopscale.sweep.calibrate import shape_key
     from loopscale.sweep.slurm import run_speeds
@@ -80,17 +97,31 @@ def test_time_limits_use_finished_runs_then_the_calibration_then_the_assumed_flo
 
     # a calibration cached by `sweep plan` on two GPU machines: the slower one counts; exact shapes only
     key = shape_key(small.config, "cuda")
-    (store.root / "calibration.json").write_text(json.dumps({
-        "NVIDIA H100 80GB HBM3|16 cores": {key: {"flops_per_s": 2e12}},
-        "NVIDIA A100-SXM4-80GB|16 cores": {key: {"flops_per_s": 1e12}},
-        "some CPU|2 cores": {shape_key(big.config, "cpu"): {"flops_per_s": 1e10}}}))
+    (store.root / "calibration.json").write_text(
+        json.dumps(
+            {
+                "NVIDIA H100 80GB HBM3|16 cores": {key: {"flops_per_s": 2e12}},
+                "NVIDIA A100-SXM4-80GB|16 cores": {key: {"flops_per_s": 1e12}},
+                "some CPU|2 cores": {shape_key(big.config, "cpu"): {"flops_per_s": 1e10}},
+            }
+        )
+    )
     same_shape = {rs.run_id for rs in runs if shape_key(rs.config, "cuda") == key}
     assert run_speeds(store, runs, s) == {rid: (1e12, "calibration") for rid in same_shape}
 
     def finish(rs, fps: float, device: str = "cuda:0", world: int = 1) -> None:
-        (store.run_dir(rs.run_id) / "result.json").write_text(json.dumps({
-            "status": "ok", "flops_per_token": f[rs.run_id], "flops": 1e13, "wall_s": 1e13 / fps / world,
-            "world_size": world, "hardware": {"device": device}}))
+        (store.run_dir(rs.run_id) / "result.json").write_text(
+            json.dumps(
+                {
+                    "status": "ok",
+                    "flops_per_token": f[rs.run_id],
+                    "flops": 1e13,
+                    "wall_s": 1e13 / fps / world,
+                    "world_size": world,
+                    "hardware": {"device": device},
+                }
+            )
+        )
 
     finish(small, 4e9, world=2)  # 4e9 FLOP/s per GPU on 2 GPUs
     finish(runs[1], 1e15, device="cpu")  # another device type: ignored for GPU runs
@@ -114,7 +145,8 @@ def test_time_limits_use_finished_runs_then_the_calibration_then_the_assumed_flo
 
 
 def test_fake_sbatch_gets_one_throttled_array_per_resource_group_and_only_unfinished_runs_are_resubmitted(
-        fake_slurm: Path, tmp_path: Path) -> None:
+    fake_slurm: Path, tmp_path: Path
+) -> None:
     from loopscale.cli import run_app
 
     spec = spec_from_dict(tiny_spec())
@@ -136,8 +168,7 @@ def test_fake_sbatch_gets_one_throttled_array_per_resource_group_and_only_unfini
     assert {st.status for st in queued.values()} == {"queued"}
     first = spec.runs()[0].run_id
     assert queued[first].lock["job_id"] == "1001_0"
-    pickled = submitit.helpers.DelayedSubmission.load(
-        tmp_path / "sw" / "slurm" / "1001_0" / "1001_0_submitted.pkl")
+    pickled = submitit.helpers.DelayedSubmission.load(tmp_path / "sw" / "slurm" / "1001_0" / "1001_0_submitted.pkl")
     assert isinstance(pickled.function, SweepTask) and pickled.args == (first,)
 
     # two runs finished, one is still in the queue: a second `sweep run` submits the other five
@@ -174,8 +205,15 @@ def test_preempted_task_checkpoints_is_requeued_and_resumes_to_done(tmp_path: Pa
     spec = spec_from_dict(tiny_spec(budgets=[8e9], r=[2], widths={"8e9": [16]}))
     store = prepare(spec, tmp_path / "sw")
     rid = spec.runs()[0].run_id
-    (rec,) = submit(store, spec.runs(), {rid: 1e9}, SlurmSettings(max_requeues=3), max_retries=0, cluster="local",
-                    parameters={"timeout_min": 10})
+    (rec,) = submit(
+        store,
+        spec.runs(),
+        {rid: 1e9},
+        SlurmSettings(max_requeues=3),
+        max_retries=0,
+        cluster="local",
+        parameters={"timeout_min": 10},
+    )
     job = rec["jobs"][0]
     run_dir = store.run_dir(rid)
     t0 = time.time()

@@ -16,10 +16,19 @@ from loopscale.sweep.calibrate import Calibration
 def tiny_spec(**sweep) -> dict:
     model = {k: v for k, v in TINY_MODEL.items() if k != "d_model"}
     spec = {
-        "sweep": {"name": "tiny", "budgets": [4e9, 8e9], "r": [1, 2], "widths": {"4e9": [16, 32], "8e9": [16, 32]},
-                  **sweep},
-        "train": {"model": model, "data": copy.deepcopy(TINY_DATA), "optim": {"transfer": False},
-                  "run": {"batch_size": 8, "threads": 1, "val_tokens": 4096, "min_steps": 5, "log_every": 5}},
+        "sweep": {
+            "name": "tiny",
+            "budgets": [4e9, 8e9],
+            "r": [1, 2],
+            "widths": {"4e9": [16, 32], "8e9": [16, 32]},
+            **sweep,
+        },
+        "train": {
+            "model": model,
+            "data": copy.deepcopy(TINY_DATA),
+            "optim": {"transfer": False},
+            "run": {"batch_size": 8, "threads": 1, "val_tokens": 4096, "min_steps": 5, "log_every": 5},
+        },
     }
     return spec
 
@@ -32,8 +41,14 @@ def test_paper_preset_plans_116_baseline_runs_plus_the_probes_looped_runs_on_the
     assert sorted((rs.C, rs.d_model // 64, rs.r) for rs in base) == sorted(grids.paper_grid())
     assert {rs.variant for rs in runs if rs.r == 1} == {"baseline"}  # the probes reuse the r = 1 runs
     looped = next(rs for rs in base if rs.r == 4).config.model
-    assert (looped.head_dim, looped.L_eff, looped.n_prelude, looped.n_coda, looped.seq_len,
-            looped.vocab_size) == (128, 20, 2, 2, 2048, 32001)
+    assert (looped.head_dim, looped.L_eff, looped.n_prelude, looped.n_coda, looped.seq_len, looped.vocab_size) == (
+        128,
+        20,
+        2,
+        2,
+        2048,
+        32001,
+    )
     run = base[0].config.run
     assert run.batch_size * looped.seq_len == 2**18 and run.dtype == "bfloat16"
     assert base[0].config.optim.name == "muonh"
@@ -73,8 +88,9 @@ def test_cpu_presets_set_no_r1_model_and_no_variant_widths() -> None:
     for preset in ("demo", "quick", "study"):
         spec = load_spec(preset)
         assert not spec.r1_model and not spec.variant_widths, preset
-        assert {rs.config.model.layout for rs in spec.runs() if rs.variant == "baseline" and rs.r == 1} == \
-            {"12 unique"}, preset
+        assert {rs.config.model.layout for rs in spec.runs() if rs.variant == "baseline" and rs.r == 1} == {
+            "12 unique"
+        }, preset
 
 
 def test_demo_preset_is_a_cpu_grid_that_plans_without_refused_runs() -> None:
@@ -92,10 +108,12 @@ def test_demo_preset_is_a_cpu_grid_that_plans_without_refused_runs() -> None:
 def test_probes_preset_runs_each_recipe_on_the_baselines_cells_and_one_seed_at_a_time_is_a_whole_grid() -> None:
     spec = load_spec("probes")
     assert spec.seeds == list(range(8)) and spec.budgets == [b / 2 for b in load_spec("demo").budgets]
-    assert {rs.config.model.technique for rs in spec.runs() if rs.variant == "gated"} == \
-        {"loopscale.examples.gated_loop:GatedLoop"}
-    cells = {v: {(rs.C, rs.r, rs.d_model, rs.seed) for rs in spec.runs() if rs.variant == v}
-             for v in spec.variant_names}
+    assert {rs.config.model.technique for rs in spec.runs() if rs.variant == "gated"} == {
+        "loopscale.examples.gated_loop:GatedLoop"
+    }
+    cells = {
+        v: {(rs.C, rs.r, rs.d_model, rs.seed) for rs in spec.runs() if rs.variant == v} for v in spec.variant_names
+    }
     looped = {cell for cell in cells["baseline"] if cell[1] > 1}
     assert all(cells[v] == looped for v in ("truncated_bptt", "hyperconnect", "gated"))
     assert cells["loop1"] == {cell for cell in cells["baseline"] if cell[1] == 1}
@@ -104,8 +122,9 @@ def test_probes_preset_runs_each_recipe_on_the_baselines_cells_and_one_seed_at_a
     assert plan.total_flops < 2e14  # docs/cpu-scale.md: 44 min on 2 cores
     one = spec.runs(seeds=[1])
     assert {rs.seed for rs in one} == {1} and len(one) * 8 == len(spec.runs())
-    assert {(rs.variant, rs.r) for rs in spec.runs(["gated"], seeds=[0])} == \
-        {("baseline", 1)} | {("gated", r) for r in (2, 4, 8)}
+    assert {(rs.variant, rs.r) for rs in spec.runs(["gated"], seeds=[0])} == {("baseline", 1)} | {
+        ("gated", r) for r in (2, 4, 8)
+    }
     with pytest.raises(ConfigError, match=r"--seed.*not in sweep.seeds = \[0, 1, 2, 3, 4, 5, 6, 7\]"):
         spec.runs(seeds=[9])
 
@@ -142,9 +161,11 @@ def test_plan_accounting_equals_the_accounting_module() -> None:
 def test_r1_runs_are_shared_across_variants_and_bptt_half_is_ceil_r_over_2() -> None:
     spec = tiny_spec(r=[1, 2, 4], widths={"4e9": [16], "8e9": [16]})
     spec["train"]["model"]["L_eff"] = 6  # 1 + 4 + 1: r in {1, 2, 4}
-    spec["sweep"]["variants"] = {"tbptt": {"model": {"bptt_k": "half"}},
-                                 "hc": {"model": {"injection": "hyperconnect"}, "r": [4]},
-                                 "own": {"optim": {"lr_scale": 0.5}, "r1": "own"}}
+    spec["sweep"]["variants"] = {
+        "tbptt": {"model": {"bptt_k": "half"}},
+        "hc": {"model": {"injection": "hyperconnect"}, "r": [4]},
+        "own": {"optim": {"lr_scale": 0.5}, "r1": "own"},
+    }
     runs = spec_from_dict(spec).runs()
     by = {(rs.variant, rs.C, rs.r): rs for rs in runs}
     assert {v for v, _c, r in by if r == 1} == {"baseline", "own"}
@@ -184,12 +205,15 @@ def test_widths_add_keeps_the_ids_and_configs_of_every_run_that_existed_before()
 def test_variant_widths_replace_a_budget_for_all_its_r_or_per_r() -> None:
     spec = spec_from_dict(_probe_spec(widths={"4e9": [48, 64]}))
     assert _widths(spec, "x") == {(4e9, 2): [48, 64], (8e9, 2): [16, 32]}
-    data = tiny_spec(r=[1, 2, 4], widths={"4e9": [16], "8e9": [16]},
-                     variants={"x": {"model": {"bptt_k": "half"}, "widths": {"8e9": {"r4": [32]}},
-                                     "widths_add": {"4e9": {"r2": [32]}}}})
+    data = tiny_spec(
+        r=[1, 2, 4],
+        widths={"4e9": [16], "8e9": [16]},
+        variants={
+            "x": {"model": {"bptt_k": "half"}, "widths": {"8e9": {"r4": [32]}}, "widths_add": {"4e9": {"r2": [32]}}}
+        },
+    )
     data["train"]["model"]["L_eff"] = 6
-    assert _widths(spec_from_dict(data), "x") == {(4e9, 2): [16, 32], (4e9, 4): [16], (8e9, 2): [16],
-                                                  (8e9, 4): [32]}
+    assert _widths(spec_from_dict(data), "x") == {(4e9, 2): [16, 32], (4e9, 4): [16], (8e9, 2): [16], (8e9, 4): [32]}
 
 
 def test_widths_are_in_the_sweeps_unit_s_when_it_says_so() -> None:
@@ -204,31 +228,45 @@ def test_a_variant_that_owns_its_r1_runs_gets_its_widths_at_r1_too() -> None:
 
 
 def test_widths_add_on_top_of_a_width_rule_keeps_the_rules_widths_once_and_spec_toml_writes_them_out(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     data = load_spec("paper").raw
     data["sweep"]["widths"] = {"rule": "around_optimum", "k": 2, "unit": "s", "step": 2}
     ruled = spec_from_dict(data)
     chosen = {c: [d // 64 for d in ruled.widths[(c, 2)]] for c in ruled.budgets}
     data["sweep"]["variants"]["hyperconnect"]["widths_add"]["1e19"] = [chosen[1e19][0], 40]  # one the rule chose
     spec = spec_from_dict(data)
-    hc = {c: sorted({rs.d_model // 64 for rs in spec.runs() if rs.variant == "hyperconnect" and c == rs.C})
-          for c in spec.budgets}
+    hc = {
+        c: sorted({rs.d_model // 64 for rs in spec.runs() if rs.variant == "hyperconnect" and c == rs.C})
+        for c in spec.budgets
+    }
     assert hc[1e19] == sorted({*chosen[1e19], 40}) and hc[2.15e18] == sorted({*chosen[2.15e18], 18})
     store = prepare(spec, tmp_path / "sw")
     assert "widths_add" not in store.spec_path.read_text()
-    assert [(rs.run_id, rs.config) for rs in load_spec(store.root).runs()] == \
-        [(rs.run_id, rs.config) for rs in spec.runs()]
+    assert [(rs.run_id, rs.config) for rs in load_spec(store.root).runs()] == [
+        (rs.run_id, rs.config) for rs in spec.runs()
+    ]
 
 
 def test_r1_model_builds_every_r1_run_that_a_recipe_owns_and_no_looped_run() -> None:
     loop_of_one = {"n_prelude": 0, "n_coda": 0, "injection": "passthrough", "r1_looped": True}
-    data = tiny_spec(r1_model=loop_of_one, variants={"x": {"model": {"bptt_k": "half"}},
-                                                     "own": {"optim": {"lr_scale": 0.5}, "r1": "own"},
-                                                     "lin": {"model": {"injection": "linear"}, "r": [1],
-                                                             "r1": "own"}})
+    data = tiny_spec(
+        r1_model=loop_of_one,
+        variants={
+            "x": {"model": {"bptt_k": "half"}},
+            "own": {"optim": {"lr_scale": 0.5}, "r1": "own"},
+            "lin": {"model": {"injection": "linear"}, "r": [1], "r1": "own"},
+        },
+    )
     layouts = {(rs.variant, rs.r): rs.config.model.layout for rs in spec_from_dict(data).runs()}
-    assert layouts == {("baseline", 1): "0+6x1+0", ("baseline", 2): "1+2x2+1", ("x", 2): "1+2x2+1",
-                       ("own", 1): "0+6x1+0", ("own", 2): "1+2x2+1", ("lin", 1): "0+6x1+0"}
+    assert layouts == {
+        ("baseline", 1): "0+6x1+0",
+        ("baseline", 2): "1+2x2+1",
+        ("x", 2): "1+2x2+1",
+        ("own", 1): "0+6x1+0",
+        ("own", 2): "1+2x2+1",
+        ("lin", 1): "0+6x1+0",
+    }
     lin = next(rs for rs in spec_from_dict(data).runs() if rs.variant == "lin").config.model
     assert lin.injection == "linear"  # a variant's own model keys win over r1_model at its r = 1 runs
 
@@ -282,8 +320,11 @@ def _with(path: str, value, **extra) -> dict:
         (_with("sweep.budgets", []), r"sweep\.budgets: is empty"),
         (_with("sweep.r", []), r"sweep\.r: is empty"),
         (_with("sweep.widths", {"4e9": [], "8e9": [16]}), r"sweep\.widths\.4e9: is empty"),
-        (_with("sweep.widths", {"4e9": [24], "8e9": [16]}), r"width d_model=24 does not divide into heads of "
-         r"head_dim=16"),
+        (
+            _with("sweep.widths", {"4e9": [24], "8e9": [16]}),
+            r"width d_model=24 does not divide into heads of "
+            r"head_dim=16",
+        ),
         (_with("sweep.widths", {"4e9": [16, 16], "8e9": [16]}), r"sweep\.widths\.4e9: duplicate width"),
         (_with("sweep.budgets", [4e9, 4e9]), r"sweep\.budgets: duplicate value"),
         (_with("sweep.widths", {"4e9": [16]}), r"sweep\.widths\.8e\+09: missing"),
@@ -293,10 +334,16 @@ def _with(path: str, value, **extra) -> dict:
         (_with("train.run.steps", 100), r"train\.run\.steps: is set by the sweep"),
         (_with("train.model.d_model", 64), r"train\.model\.d_model: is set by the sweep"),
         (_with("sweep.variants", {"baseline": {}}), r"'baseline' is the implicit recipe"),
-        (_with("sweep.variants", {"same": {"r1": "own"}}), r"duplicate runs: C4e\+09_r1_d16_same_s0 trains the "
-         r"same config as C4e\+09_r1_d16_baseline_s0"),
-        (_with("sweep.variants", {"x": {"model": {"bptt_k": 5}}}), r"\[run C4e\+09_r2_d16_x_s0\]: model\.bptt_k: "
-         r"must be at most r=2"),
+        (
+            _with("sweep.variants", {"same": {"r1": "own"}}),
+            r"duplicate runs: C4e\+09_r1_d16_same_s0 trains the "
+            r"same config as C4e\+09_r1_d16_baseline_s0",
+        ),
+        (
+            _with("sweep.variants", {"x": {"model": {"bptt_k": 5}}}),
+            r"\[run C4e\+09_r2_d16_x_s0\]: model\.bptt_k: "
+            r"must be at most r=2",
+        ),
         (_with("train.model.head_dim", 0), r"bad\.toml: train\.model\.head_dim: .*greater than 0"),
         (_with("train.optim.momentum", 2), r"bad\.toml: train\.optim\.momentum: "),
         (_probe_spec(widths_add={"1e9": [48]}), r"sweep\.variants\.x\.widths_add\.1e9: not one of sweep\.budgets"),
@@ -305,13 +352,22 @@ def _with(path: str, value, **extra) -> dict:
         (_probe_spec(widths_add={"4e9": [48, 48]}), r"sweep\.variants\.x\.widths_add\.4e9: duplicate width"),
         (_probe_spec(widths_add={"4e9": [32]}), r"sweep\.variants\.x\.widths_add\.4e9: already in sweep\.widths"),
         (_probe_spec(widths_add={"4e9": []}), r"sweep\.variants\.x\.widths_add\.4e9: is empty"),
-        (_probe_spec(widths_add={"4e9": [40]}), r"sweep\.variants\.x\.widths_add\.4e9: width d_model=40 does "
-         r"not divide into heads"),
-        (_probe_spec(widths_add={"4e9": [48]}, widths={"4e9": [16]}), r"sweep\.variants\.x\.widths_add\.4e9: "
-         r"this budget is also in widths"),
+        (
+            _probe_spec(widths_add={"4e9": [40]}),
+            r"sweep\.variants\.x\.widths_add\.4e9: width d_model=40 does "
+            r"not divide into heads",
+        ),
+        (
+            _probe_spec(widths_add={"4e9": [48]}, widths={"4e9": [16]}),
+            r"sweep\.variants\.x\.widths_add\.4e9: "
+            r"this budget is also in widths",
+        ),
         (_probe_spec(widths={"4e9": [16], "4.0e9": [32]}), r"sweep\.variants\.x\.widths\.4\.0e9: the same budget"),
-        (_probe_spec(widths={"4e9": {"r1": [48]}}), r"sweep\.variants\.x\.widths\.4e9\.r1: expected keys "
-         r"\['r2'\].*shared r = 1 runs keep the baseline's widths"),
+        (
+            _probe_spec(widths={"4e9": {"r1": [48]}}),
+            r"sweep\.variants\.x\.widths\.4e9\.r1: expected keys "
+            r"\['r2'\].*shared r = 1 runs keep the baseline's widths",
+        ),
         (_probe_spec(widths_add=[48]), r"sweep\.variants\.x\.widths_add: .*dictionary"),
         (_with("sweep.r1_model", {"r": 1}), r"sweep\.r1_model\.r: is set by the sweep"),
         (_with("sweep.r1_model", {"d_model": 64}), r"sweep\.r1_model\.d_model: is set by the sweep"),
@@ -367,8 +423,10 @@ def test_width_rule_can_centre_on_a_fit_file(tmp_path: Path) -> None:
     from loopscale.fit import FitSettings, fit_runs, load_runs, synthetic_runs, write_fit
 
     synthetic_runs(sigma=0.002).to_csv(tmp_path / "runs.csv", index=False)
-    fit = fit_runs(load_runs(tmp_path / "runs.csv"), FitSettings(restarts=40, bootstrap=0, lr_draws=200, restricted=(),
-                                                                per_r=False, checks=False))
+    fit = fit_runs(
+        load_runs(tmp_path / "runs.csv"),
+        FitSettings(restarts=40, bootstrap=0, lr_draws=200, restricted=(), per_r=False, checks=False),
+    )
     write_fit(tmp_path / "fit.json", fit)
     data = load_spec("paper").raw
     data["sweep"].pop("variants")
@@ -377,8 +435,11 @@ def test_width_rule_can_centre_on_a_fit_file(tmp_path: Path) -> None:
     from_fit = spec_from_dict(data, base_dir=tmp_path)
     data["sweep"]["widths"] = rule
     from_paper = spec_from_dict(data)
-    shift = [abs(a - b) for c in from_fit.budgets
-             for a, b in zip(from_fit.widths[(c, 1)], from_paper.widths[(c, 1)], strict=True)]
+    shift = [
+        abs(a - b)
+        for c in from_fit.budgets
+        for a, b in zip(from_fit.widths[(c, 1)], from_paper.widths[(c, 1)], strict=True)
+    ]
     assert max(shift) <= 128  # the fitted law is the paper's law up to noise: at most one step apart
     data["sweep"]["widths"] = {**rule, "coefficients": "missing.json"}
     with pytest.raises(ConfigError, match=r"sweep\.widths\.coefficients: expected 'paper' or a fit file"):
@@ -400,7 +461,8 @@ def test_fit_table_sets_the_demo_fit_and_rejects_bad_values() -> None:
 
 
 def test_the_plan_spreads_the_runs_over_the_cpu_slots_timed_at_a_slots_threads(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from loopscale.sweep import calibrate
     from loopscale.sweep.plan import makespan
 

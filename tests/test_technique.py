@@ -32,25 +32,39 @@ def test_a_techniques_accounting_matches_its_parameters_and_the_flop_counter(nam
     counts = LoopedLM(c).count_params()
     a = accounting.account(c)
     assert (a.N_once, a.N_rec, a.N_total) == (counts["N_once"], counts["N_rec"], counts["N_total"])
-    assert counted_train_flops_per_token(c) == pytest.approx(accounting.train_flops_per_token(c, norm_scales=False),
-                                                             rel=1e-9)
+    assert counted_train_flops_per_token(c) == pytest.approx(
+        accounting.train_flops_per_token(c, norm_scales=False), rel=1e-9
+    )
 
 
 def test_a_technique_rewriting_a_builtin_has_the_builtins_accounting_and_trains_to_the_same_bits(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     from loopscale.train import load_train_config, train
 
     assert accounting.account(cfg(f"{FIX}:LinearAgain")) == accounting.account(ModelConfig(**SHAPE, r=4))
     assert accounting.train_flops_per_token(cfg(f"{FIX}:LastOnlyGrad")) == accounting.train_flops_per_token(
-        ModelConfig(**SHAPE, r=4, bptt_k=1))
-    base = [f"model.{k}={v}" for k, v in TINY_MODEL.items()] + ["model.r=2", "run.steps=6", "run.batch_size=8",
-                                                               "run.threads=1", "run.val_tokens=4096",
-                                                               "run.min_steps=5", "optim.transfer=false"]
-    base += [f"data.real_text_bytes={TINY_DATA['real_text_bytes']}", "data.world.n_entities=60",
-             "data.world.n_unseen_entities=20", "data.world.eval_per_task=20"]
+        ModelConfig(**SHAPE, r=4, bptt_k=1)
+    )
+    base = [f"model.{k}={v}" for k, v in TINY_MODEL.items()] + [
+        "model.r=2",
+        "run.steps=6",
+        "run.batch_size=8",
+        "run.threads=1",
+        "run.val_tokens=4096",
+        "run.min_steps=5",
+        "optim.transfer=false",
+    ]
+    base += [
+        f"data.real_text_bytes={TINY_DATA['real_text_bytes']}",
+        "data.world.n_entities=60",
+        "data.world.n_unseen_entities=20",
+        "data.world.eval_per_task=20",
+    ]
     builtin = train(load_train_config(None, base), tmp_path / "builtin", progress=False)
-    own = train(load_train_config(None, [*base, f'model.technique="{FIX}:LinearAgain"']), tmp_path / "own",
-                progress=False)
+    own = train(
+        load_train_config(None, [*base, f'model.technique="{FIX}:LinearAgain"']), tmp_path / "own", progress=False
+    )
     assert own["val_loss"] == builtin["val_loss"] and own["N_rec"] == builtin["N_rec"]
     assert own["technique"].endswith("LinearAgain") and len(own["technique_sha256"]) == 64
     assert own["injection"] is None and builtin["injection"] == "linear" and "technique" not in builtin
@@ -74,20 +88,24 @@ def test_the_shipped_example_declares_what_it_measures_and_runs_its_gates_in_the
     assert technique.registered()["gated_loop"] == "loopscale.examples.gated_loop:GatedLoop"
 
 
-@pytest.mark.parametrize(("technique", "options", "field", "says"), [
-    ("no_such_module_xyz:Thing", {}, "model.technique", "cannot import 'no_such_module_xyz'"),
-    ("examples/missing.py:Thing", {}, "model.technique", "does the file exist?"),
-    ("just_a_name", {}, "model.technique", "no technique registered as 'just_a_name' (entry-point group"),
-    ("not a-name", {}, "model.technique", "expected 'module:Class'"),
-    (f"{FIX}:Nope", {}, "model.technique", "has no 'Nope'"),
-    (f"{FIX}:NotATechnique", {}, "model.technique", "not a subclass of loopscale.technique.Technique"),
-    (f"{FIX}:WrongShape", {}, "model.technique", "input(i, e, state) must return a tensor of the stream's shape"),
-    (f"{FIX}:OverDeclared", {}, "model.technique", "declares params_rec = 1024 but measures 2048"),
-    (f"{FIX}:BadPlacement", {}, "model.technique", "must be 'once' or 'recurrence'"),
-    (f"{FIX}:Adapter", {"rank": 4, "colour": "red"}, "model.technique_options", "refused them"),
-])
+@pytest.mark.parametrize(
+    ("technique", "options", "field", "says"),
+    [
+        ("no_such_module_xyz:Thing", {}, "model.technique", "cannot import 'no_such_module_xyz'"),
+        ("examples/missing.py:Thing", {}, "model.technique", "does the file exist?"),
+        ("just_a_name", {}, "model.technique", "no technique registered as 'just_a_name' (entry-point group"),
+        ("not a-name", {}, "model.technique", "expected 'module:Class'"),
+        (f"{FIX}:Nope", {}, "model.technique", "has no 'Nope'"),
+        (f"{FIX}:NotATechnique", {}, "model.technique", "not a subclass of loopscale.technique.Technique"),
+        (f"{FIX}:WrongShape", {}, "model.technique", "input(i, e, state) must return a tensor of the stream's shape"),
+        (f"{FIX}:OverDeclared", {}, "model.technique", "declares params_rec = 1024 but measures 2048"),
+        (f"{FIX}:BadPlacement", {}, "model.technique", "must be 'once' or 'recurrence'"),
+        (f"{FIX}:Adapter", {"rank": 4, "colour": "red"}, "model.technique_options", "refused them"),
+    ],
+)
 def test_a_technique_that_breaks_the_contract_fails_before_training_in_one_line(
-        technique: str, options: dict, field: str, says: str) -> None:
+    technique: str, options: dict, field: str, says: str
+) -> None:
     with pytest.raises(ConfigError) as err:
         LoopedLM(cfg(technique, technique_options=options))
     assert err.value.field == field and says in str(err.value) and "\n" not in str(err.value)
@@ -100,11 +118,14 @@ def test_a_module_that_raises_on_import_is_named_in_one_line(tmp_path: Path) -> 
         accounting.account(cfg(f"{bad}:Thing"))
 
 
-@pytest.mark.parametrize(("kw", "says"), [
-    ({"r": 1}, "technique: needs a loop"),
-    ({"bptt_k": 1}, "bptt_k: a technique says which recurrences are back-propagated itself"),
-    ({"technique": None, "technique_options": {"rank": 2}}, "technique_options: options without a model.technique"),
-])
+@pytest.mark.parametrize(
+    ("kw", "says"),
+    [
+        ({"r": 1}, "technique: needs a loop"),
+        ({"bptt_k": 1}, "bptt_k: a technique says which recurrences are back-propagated itself"),
+        ({"technique": None, "technique_options": {"rank": 2}}, "technique_options: options without a model.technique"),
+    ],
+)
 def test_a_technique_with_a_config_it_cannot_honour_is_refused_by_the_config(kw: dict, says: str) -> None:
     from loopscale.config import validate
 
@@ -133,9 +154,20 @@ def test_an_export_of_a_technique_run_is_refused_in_one_line(tmp_path: Path) -> 
 def _tiny_run_config(tmp_path: Path, technique: str, steps: int, ckpt_every: int) -> Path:
     import tomli_w
 
-    doc = {"model": {**TINY_MODEL, "r": 2, "technique": technique}, "data": TINY_DATA, "optim": {"transfer": False},
-           "run": {"steps": steps, "batch_size": 8, "threads": 1, "val_tokens": 4096, "min_steps": 5,
-                   "log_every": 1, "ckpt_every": ckpt_every}}
+    doc = {
+        "model": {**TINY_MODEL, "r": 2, "technique": technique},
+        "data": TINY_DATA,
+        "optim": {"transfer": False},
+        "run": {
+            "steps": steps,
+            "batch_size": 8,
+            "threads": 1,
+            "val_tokens": 4096,
+            "min_steps": 5,
+            "log_every": 1,
+            "ckpt_every": ckpt_every,
+        },
+    }
     path = tmp_path / "technique.toml"
     path.write_text(tomli_w.dumps(doc))
     return path
@@ -166,7 +198,8 @@ def test_a_technique_run_killed_mid_way_resumes_to_the_same_bits_and_refuses_edi
 
 
 def test_a_tiny_sweep_of_the_example_beside_the_baseline_is_trained_collected_and_fitted_to_a_delta_phi(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     from conftest import tiny_sweep_spec
     from loopscale.fit import FitSettings, fit_runs, load_runs
     from loopscale.fit.table import template_from_table
@@ -184,8 +217,18 @@ def test_a_tiny_sweep_of_the_example_beside_the_baseline_is_trained_collected_an
     assert len(gated) == 4 and sorted(gated["N_rec"] - 2 * gated["d_model"]) == sorted(linear["N_rec"])  # + r d
     write_table(df, tmp_path / "runs.csv")
     table = load_runs(tmp_path / "runs.csv")
-    fit = fit_runs(table, FitSettings(restarts=20, bootstrap=20, lr_draws=100, checks=False, per_r=False,
-                                      law_variants=(), template=template_from_table(table.df)))
+    fit = fit_runs(
+        table,
+        FitSettings(
+            restarts=20,
+            bootstrap=20,
+            lr_draws=100,
+            checks=False,
+            per_r=False,
+            law_variants=(),
+            template=template_from_table(table.df),
+        ),
+    )
     (d,) = fit["delta_phi"]
     assert d["variant"] == "gated" and d["reference"] == "baseline"
     assert "inference" in d and "delta_phi=0" in d["inference"]["tests"]
@@ -210,6 +253,7 @@ def test_a_refused_technique_writes_no_run_dir_so_the_fixed_config_trains_there(
     with pytest.raises(ConfigError, match="no technique registered as 'nope'"):
         train(load_train_config(_tiny_run_config(tmp_path, "nope", steps=6, ckpt_every=5)), out, progress=False)
     assert not out.exists()
-    result = train(load_train_config(_tiny_run_config(tmp_path, "gated_loop", steps=6, ckpt_every=5)), out,
-                   progress=False)
+    result = train(
+        load_train_config(_tiny_run_config(tmp_path, "gated_loop", steps=6, ckpt_every=5)), out, progress=False
+    )
     assert result["status"] == "ok" and result["technique"] == "gated_loop"

@@ -49,13 +49,15 @@ def _sweep_run(root: Path, sweep: str, run: str) -> Path:
     d = root / "runs" / run
     d.mkdir(parents=True)
     (root / "spec.toml").write_text(f'[sweep]\nname = "{sweep}"\n')
-    (d / "sweep.json").write_text(json.dumps({"run_id": run, "variant": "main", "seed": 0, "C": 2e9, "r": 2,
-                                              "d_model": 32}))
+    (d / "sweep.json").write_text(
+        json.dumps({"run_id": run, "variant": "main", "seed": 0, "C": 2e9, "r": 2, "d_model": 32})
+    )
     return d
 
 
-def test_wandb_gets_the_final_val_loss_sweep_labels_and_env_project(tmp_path: Path, wandb: FakeWandb,
-                                                                    monkeypatch) -> None:
+def test_wandb_gets_the_final_val_loss_sweep_labels_and_env_project(
+    tmp_path: Path, wandb: FakeWandb, monkeypatch
+) -> None:
     monkeypatch.setenv("WANDB_PROJECT", "from-env")
     monkeypatch.setenv("WANDB_ENTITY", "team")
     run_dir = _sweep_run(tmp_path / "sweepA", "study-1", "C2e9-r2-d32")
@@ -69,8 +71,9 @@ def test_wandb_gets_the_final_val_loss_sweep_labels_and_env_project(tmp_path: Pa
     assert wandb.finished == 1 and all("train_loss" in d for d, _ in wandb.logged[:-1])
 
 
-def test_config_project_wins_and_ids_are_stable_per_dir_unique_across_sweeps(tmp_path: Path, wandb: FakeWandb,
-                                                                              monkeypatch) -> None:
+def test_config_project_wins_and_ids_are_stable_per_dir_unique_across_sweeps(
+    tmp_path: Path, wandb: FakeWandb, monkeypatch
+) -> None:
     from loopscale.train.track import make_tracker
 
     monkeypatch.setenv("WANDB_PROJECT", "from-env")

@@ -24,8 +24,16 @@ def cfg_with(*overrides: str, r: int = 2, steps: int = 30, path: Path | None = N
     sets = [f"model.{k}={json.dumps(v)}" for k, v in TINY_MODEL.items()] + [f"model.r={r}"]
     sets += [f"data.real_text_bytes={TINY_DATA['real_text_bytes']}"]
     sets += [f"data.world.{k}={v}" for k, v in TINY_DATA["world"].items()]
-    sets += [f"run.steps={steps}", "run.batch_size=8", "run.threads=1", "run.val_tokens=4096", "run.log_every=5",
-             "run.min_steps=5", *FAST_OPTIM, *overrides]
+    sets += [
+        f"run.steps={steps}",
+        "run.batch_size=8",
+        "run.threads=1",
+        "run.val_tokens=4096",
+        "run.log_every=5",
+        "run.min_steps=5",
+        *FAST_OPTIM,
+        *overrides,
+    ]
     return load_train_config(path, sets)
 
 
@@ -116,8 +124,14 @@ def test_r1_and_r8_consume_identical_token_streams(tmp_path: Path, monkeypatch: 
 
 def _cli(args: list[str], **kw) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "loopscale", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "loopscale", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -175,7 +189,8 @@ def test_run_interrupted_is_raised_in_process_on_sigterm(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR2], ids=["SIGTERM", "SIGUSR2"])
 def test_a_signal_in_the_final_evaluation_stops_and_the_rerun_only_evaluates(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: int) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: int
+) -> None:
     from loopscale.model import LoopedLM
 
     cfg = cfg_with("run.ckpt_every=0", "run.micro_batch=4", steps=12)  # 64 validation rows: 16 batches
@@ -210,8 +225,9 @@ def test_a_signal_in_the_final_evaluation_stops_and_the_rerun_only_evaluates(
     assert not (tmp_path / "run" / "ckpt.pt").exists()  # removed once finished (keep_checkpoint = false)
 
 
-def test_the_last_step_is_checkpointed_before_the_final_evaluation(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_last_step_is_checkpointed_before_the_final_evaluation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from loopscale.train import loop
 
     seen: list[int | None] = []
@@ -250,8 +266,9 @@ def test_cli_reports_user_errors_in_one_line_without_traceback(tmp_path: Path) -
     proc = _cli(["train", str(bad)])
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 2
-    assert err.strip().splitlines() == [f"error: {bad} + --set: run.stepz: unknown key (got 3)"] or \
-        err.strip().startswith(f"error: {bad}: run.stepz: unknown key")
+    assert err.strip().splitlines() == [
+        f"error: {bad} + --set: run.stepz: unknown key (got 3)"
+    ] or err.strip().startswith(f"error: {bad}: run.stepz: unknown key")
     assert "Traceback" not in err
 
 
@@ -261,9 +278,24 @@ def test_torchrun_two_cpu_processes_reproduce_the_single_process_curve(tmp_path:
     single = train(cfg, tmp_path / "single", progress=False)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "loopscale",
-         "train", str(cfg_path), "--out", str(tmp_path / "ddp"), "--no-progress"],
-        env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "loopscale",
+            "train",
+            str(cfg_path),
+            "--out",
+            str(tmp_path / "ddp"),
+            "--no-progress",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ddp = read_result(tmp_path / "ddp")
@@ -277,8 +309,6 @@ def test_torchrun_two_cpu_processes_reproduce_the_single_process_curve(tmp_path:
     assert ddp["val_loss"] == pytest.approx(single["val_loss"], rel=1e-4)
 
 
-
-
 def test_two_node_torchrun_rendezvous_matches_the_single_process_curve(tmp_path: Path) -> None:
     """Multi-node through torchrun's standard c10d rendezvous: two launchers (one per "node", one
     process each) meet at an endpoint, as on a cluster with a shared filesystem; only global rank 0
@@ -288,11 +318,33 @@ def test_two_node_torchrun_rendezvous_matches_the_single_process_curve(tmp_path:
     single = train(cfg, tmp_path / "single", progress=False)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     port = free_port()
-    nodes = [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", f"--node_rank={i}",
-         "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=loopscale-test",
-         "-m", "loopscale", "train", str(cfg_path), "--out", str(tmp_path / "multi"), "--no-progress"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                "--nproc_per_node=1",
+                f"--node_rank={i}",
+                "--rdzv_backend=c10d",
+                f"--rdzv_endpoint=127.0.0.1:{port}",
+                "--rdzv_id=loopscale-test",
+                "-m",
+                "loopscale",
+                "train",
+                str(cfg_path),
+                "--out",
+                str(tmp_path / "multi"),
+                "--no-progress",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     for node in nodes:
         _out, err = node.communicate(timeout=300)
         assert node.returncode == 0, err[-3000:]
@@ -300,8 +352,12 @@ def test_two_node_torchrun_rendezvous_matches_the_single_process_curve(tmp_path:
     assert multi["world_size"] == 2 and multi["status"] == "ok"
     rows = [json.loads(x) for x in (tmp_path / "multi" / "metrics.jsonl").read_text().splitlines()]
     assert len([r for r in rows if "train_loss" in r]) == len(  # one writer: no duplicated log lines
-        [r for r in (json.loads(x) for x in (tmp_path / "single" / "metrics.jsonl").read_text().splitlines())
-         if "train_loss" in r])
+        [
+            r
+            for r in (json.loads(x) for x in (tmp_path / "single" / "metrics.jsonl").read_text().splitlines())
+            if "train_loss" in r
+        ]
+    )
     assert multi["val_loss"] == pytest.approx(single["val_loss"], rel=1e-4)
 
 
@@ -325,4 +381,4 @@ def test_val_loss_stats_are_the_mean_and_the_standard_error_over_rows() -> None:
         tok = torch.nn.functional.cross_entropy(logits.transpose(1, 2), rows[:, 1:], reduction="none").double()
     per_row = tok.mean(dim=1)
     assert mean == pytest.approx(float(tok.mean()), rel=1e-6)
-    assert se == pytest.approx(float(per_row.std(unbiased=True)) / 7 ** 0.5, rel=1e-4)
+    assert se == pytest.approx(float(per_row.std(unbiased=True)) / 7**0.5, rel=1e-4)

@@ -57,8 +57,9 @@ def test_default_run_dirs_differ_per_config_and_help_shows_the_name(tmp_path, ca
     monkeypatch.chdir(tmp_path)
     assert cli([str(cfg)], capsys)[0] == 0
     assert cli([str(cfg), "--set", "optim.lr_scale=10"], capsys)[0] == 0
-    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted([default_run_dir(a).name,
-                                                                           default_run_dir(b).name])
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted(
+        [default_run_dir(a).name, default_run_dir(b).name]
+    )
 
 
 def test_a_finished_run_dir_refuses_another_config_naming_fields_and_the_way_out(tmp_path, capsys) -> None:
@@ -138,8 +139,9 @@ def test_a_diverged_run_exits_non_zero_and_keeps_its_record(tmp_path, capsys, mo
     from loopscale.model import LoopedLM
 
     forward = LoopedLM.forward
-    monkeypatch.setattr(LoopedLM, "forward", lambda self, idx, targets=None, **kw:
-                        forward(self, idx, targets, **kw) * math.nan)
+    monkeypatch.setattr(
+        LoopedLM, "forward", lambda self, idx, targets=None, **kw: forward(self, idx, targets, **kw) * math.nan
+    )
     out = tmp_path / "run"
     code, text = cli([str(tiny_toml(tmp_path)), "--out", str(out)], capsys)
     line = one_line_error(code, text, expected_code=1)
@@ -202,8 +204,14 @@ def test_info_and_train_resolve_the_same_config(tmp_path, capsys) -> None:
         assert row["steps"] == length["steps"] and row["tokens"] == length["tokens"]
 
 
-@pytest.mark.parametrize("args", [["--budget", "1e18"], ["--budget", "1e18", "--set", "model.r=4",
-                                   "--set", "model.L_eff=20"], ["--budget", "3e11", "--tokens-per-step", "2048"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--budget", "1e18"],
+        ["--budget", "1e18", "--set", "model.r=4", "--set", "model.L_eff=20"],
+        ["--budget", "3e11", "--tokens-per-step", "2048"],
+    ],
+)
 def test_info_prints_one_step_count_in_its_table_and_its_lr_line(args, capsys, monkeypatch) -> None:
     monkeypatch.setenv("COLUMNS", "200")  # the table's steps column unwrapped
     assert run_app(["info", *args]) == 0
@@ -227,8 +235,7 @@ def test_train_prints_progress_lines_when_not_on_a_terminal(tmp_path, capsys) ->
     assert code == 0
     assert _steps(text) == list(range(1, 21)), text  # default: every 5 % of the run
     assert "final evaluation on" in text
-    code, text = cli([str(cfg), "--out", str(tmp_path / "b"), "--set", "run.steps=20", "--progress-every", "8"],
-                     capsys)
+    code, text = cli([str(cfg), "--out", str(tmp_path / "b"), "--set", "run.steps=20", "--progress-every", "8"], capsys)
     assert _steps(text) == [8, 16, 20]
     code, text = cli([str(cfg), "--out", str(tmp_path / "c"), "--no-progress"], capsys)
     assert code == 0 and not _steps(text)
@@ -256,8 +263,10 @@ def test_eval_of_a_truncated_weights_file_is_one_line(tmp_path, capsys) -> None:
 def _slurm_spec(tmp_path: Path) -> Path:
     from conftest import tiny_sweep_spec
 
-    spec = {**tiny_sweep_spec({"log_every": 5}, budgets=[2e9], r=[1], widths={"2e9": [16]}),
-            "slurm": {"partition": "gpu", "flops_per_gpu": 2e6}}
+    spec = {
+        **tiny_sweep_spec({"log_every": 5}, budgets=[2e9], r=[1], widths={"2e9": [16]}),
+        "slurm": {"partition": "gpu", "flops_per_gpu": 2e6},
+    }
     p = tmp_path / "spec.toml"
     p.write_text(tomli_w.dumps(spec))
     return p
@@ -272,8 +281,9 @@ def test_slurm_without_submitit_is_one_line(tmp_path, capsys, monkeypatch) -> No
     monkeypatch.delitem(sys.modules, "loopscale.sweep.slurm", raising=False)
     monkeypatch.delattr(loopscale.sweep, "slurm", raising=False)
     spec = _slurm_spec(tmp_path)
-    line = one_line_error(*cli(["sweep", "run", str(spec), "--out", str(tmp_path / "sw"), "--executor", "slurm"],
-                               capsys))
+    line = one_line_error(
+        *cli(["sweep", "run", str(spec), "--out", str(tmp_path / "sw"), "--executor", "slurm"], capsys)
+    )
     assert "--executor: slurm needs submitit" in line
 
 
@@ -303,10 +313,12 @@ def test_the_failure_injection_hook_is_not_part_of_a_runs_identity() -> None:
     assert config_diff(a, {"run": {"steps": 8}, "optim": {}}) == ["optim.lr_scale: 1.0 -> unset", "run.steps: 6 -> 8"]
 
 
-@pytest.mark.parametrize(("env", "value", "expected"), [("LOOPSCALE_MALLOC", "off", "'default'"),
-                                                        ("LOOPSCALE_CPU_KERNELS", "no", "'off'")])
-def test_a_bad_cpu_setting_in_the_environment_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch,
-                                                                              env, value, expected) -> None:
+@pytest.mark.parametrize(
+    ("env", "value", "expected"), [("LOOPSCALE_MALLOC", "off", "'default'"), ("LOOPSCALE_CPU_KERNELS", "no", "'off'")]
+)
+def test_a_bad_cpu_setting_in_the_environment_is_one_line_and_writes_nothing(
+    tmp_path, capsys, monkeypatch, env, value, expected
+) -> None:
     from loopscale.model import cpu_kernels
 
     monkeypatch.setenv(env, value)
@@ -339,7 +351,8 @@ def test_without_a_c_compiler_a_cpu_run_warns_once_and_trains(tmp_path, capsys, 
 
 @pytest.mark.parametrize("override", ["model.d_model=65536", "run.batch_size=1000000000", "model.L_eff=100000"])
 def test_a_run_predicted_to_need_more_memory_than_the_machine_has_is_refused_before_training(
-        override: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    override: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """These grew to 21-24 GB and were OOM-killed after minutes (issue 29); loopscale.memory predicts the peak,
     so the run is refused at once, naming the field and the predicted figure."""
     cfg = tiny_toml(tmp_path)
@@ -349,11 +362,13 @@ def test_a_run_predicted_to_need_more_memory_than_the_machine_has_is_refused_bef
     assert not (tmp_path / "run" / "ckpt.pt").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
-def test_more_validation_tokens_than_the_split_holds_is_said_not_capped_silently(tmp_path: Path,
-                                                                                capsys: pytest.CaptureFixture[str]
-                                                                                ) -> None:
+def test_more_validation_tokens_than_the_split_holds_is_said_not_capped_silently(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg = tiny_toml(tmp_path)
-    code, text = cli([str(cfg), "--out", str(tmp_path / "run"), "--set", "run.val_tokens=1000000000000000",
-                      "--set", "run.steps=5"], capsys)
+    code, text = cli(
+        [str(cfg), "--out", str(tmp_path / "run"), "--set", "run.val_tokens=1000000000000000", "--set", "run.steps=5"],
+        capsys,
+    )
     assert code == 0, text
     assert "warning: run.val_tokens = 1,000,000,000,000,000 but the validation split holds" in text

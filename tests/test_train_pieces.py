@@ -62,11 +62,16 @@ def test_a_step_in_micro_batches_is_the_whole_batch_step(tmp_path: Path) -> None
         cfg = cfg_with(f"run.micro_batch={micro}")
         torch.manual_seed(0)
         model = LoopedLM(cfg.model)
-        opt = build_optimizers(model.param_groups(), cfg.optim, d_model=cfg.model.width,
-                               tokens_per_step=cfg.tokens_per_step, total_tokens=cfg.lr_tokens(), r=cfg.model.r)
+        opt = build_optimizers(
+            model.param_groups(),
+            cfg.optim,
+            d_model=cfg.model.width,
+            tokens_per_step=cfg.tokens_per_step,
+            total_tokens=cfg.lr_tokens(),
+            r=cfg.model.r,
+        )
         cpu = torch.device("cpu")
-        s = Step(model, None, opt, _load_data(cfg), Batching.for_run(cfg, cpu, 1), cfg.data.seed, cpu, "float32",
-                 0, 1)
+        s = Step(model, None, opt, _load_data(cfg), Batching.for_run(cfg, cpu, 1), cfg.data.seed, cpu, "float32", 0, 1)
         loss, _lr = train_step(s, 0, 10)
         return loss, torch.cat([p.detach().flatten() for p in model.parameters()])
 
@@ -90,6 +95,7 @@ def test_the_validator_scores_the_same_rows_periodically_and_finally() -> None:
 
 
 # ---- the one signal handler ----------------------------------------------------------------------------
+
 
 def test_a_signal_sets_the_flag_calls_back_and_the_old_handlers_return() -> None:
     before = signal.getsignal(signal.SIGUSR2)
@@ -117,6 +123,9 @@ def test_the_trainer_and_the_sweep_executors_share_the_one_signal_handler() -> N
     import loopscale.train.loop as loop
 
     assert loop.StopSignals is signals.StopSignals and local.StopSignals is signals.StopSignals
-    installs = sorted(str(p.relative_to(Path(loopscale.__file__).parent))
-                      for p in Path(loopscale.__file__).parent.rglob("*.py") if "signal.signal(" in p.read_text())
+    installs = sorted(
+        str(p.relative_to(Path(loopscale.__file__).parent))
+        for p in Path(loopscale.__file__).parent.rglob("*.py")
+        if "signal.signal(" in p.read_text()
+    )
     assert installs == ["signals.py"]

@@ -117,10 +117,20 @@ def reference_model(r: int, d_ref: int) -> ModelConfig:
     the paper's ``scripts/base_train.py``): 0+20+0 passthrough with one recurrence for r = 1, 2+4x4+2
     with the linear injection for r > 1. The head count does not enter any parameter count."""
     if r > 1:
-        return ModelConfig(d_model=d_ref, head_dim=d_ref, L_eff=20, r=4, n_prelude=2, n_coda=2,
-                           injection="linear", vocab_size=1)
-    return ModelConfig(d_model=d_ref, head_dim=d_ref, L_eff=20, r=1, n_prelude=0, n_coda=0,
-                       injection="passthrough", r1_looped=True, vocab_size=1)
+        return ModelConfig(
+            d_model=d_ref, head_dim=d_ref, L_eff=20, r=4, n_prelude=2, n_coda=2, injection="linear", vocab_size=1
+        )
+    return ModelConfig(
+        d_model=d_ref,
+        head_dim=d_ref,
+        L_eff=20,
+        r=1,
+        n_prelude=0,
+        n_coda=0,
+        injection="passthrough",
+        r1_looped=True,
+        vocab_size=1,
+    )
 
 
 def reference_tokens(r: int, d_ref: int = 640) -> int:
@@ -238,8 +248,7 @@ class Accounting:
         return asdict(self)
 
 
-def account(cfg: ModelConfig, budget: float | None = None,
-            tokens_per_step: int | None = None) -> Accounting:
+def account(cfg: ModelConfig, budget: float | None = None, tokens_per_step: int | None = None) -> Accounting:
     tokens = tokens_for_budget(cfg, budget) if budget else None
     steps = steps_for_budget(cfg, budget, tokens_per_step) if budget and tokens_per_step else None
     return Accounting(
@@ -264,4 +273,3 @@ def account(cfg: ModelConfig, budget: float | None = None,
         tokens_per_param=(tokens / N_unique(cfg)) if tokens else None,
         steps=steps,
     )
-

@@ -21,5 +21,6 @@ err_console = Console(stderr=True, width=_width, markup=False)
 def printable(text: str) -> str:
     """``text`` with control characters (an ESC that would drive the terminal, a NUL, a bell) written as
     escapes: a tiny model's byte samples are arbitrary bytes. Newlines and tabs stay."""
-    return "".join(ch if ch.isprintable() or ch in "\n\t" else ch.encode("unicode_escape").decode("ascii")
-                   for ch in text)
+    return "".join(
+        ch if ch.isprintable() or ch in "\n\t" else ch.encode("unicode_escape").decode("ascii") for ch in text
+    )

@@ -27,8 +27,11 @@ def check_slots(slots: int | None, flag: str = "--slots") -> None:
 
     cores = available_cores()
     if slots is not None and slots > cores:
-        raise ConfigError(flag, f"expected at most {cores} (this machine's cores: each slot trains one run on its "
-                          "own share of them)", value=slots)
+        raise ConfigError(
+            flag,
+            f"expected at most {cores} (this machine's cores: each slot trains one run on its own share of them)",
+            value=slots,
+        )
 
 
 def check_threads(threads: int | None, field: str = "run.threads") -> None:
@@ -37,8 +40,9 @@ def check_threads(threads: int | None, field: str = "run.threads") -> None:
 
     cores = available_cores()
     if threads is not None and threads > cores:
-        raise ConfigError(field, f"expected at most {cores} (this machine's cores); unset it to use them all",
-                          value=threads)
+        raise ConfigError(
+            field, f"expected at most {cores} (this machine's cores); unset it to use them all", value=threads
+        )
 
 
 def nvidia_driver() -> bool:

@@ -27,11 +27,19 @@ points. Only those 2-3 models: at L_eff fixed, r_eval = 16 costs ~16/r times a t
 BUSY_WAIT_S = 60.0  # a killed demo's workers checkpoint and let go of their runs within seconds
 
 
-def run_demo(out: str | Path = "demo", *, preset: str = "demo", bootstrap: int | None = None,
-             restarts: int | None = None, lr_draws: int | None = None, eval_limit: int | None = 100,
-             progress: bool = True,
-             console: Console | None = None, slots: int | None = None,
-             test_time_r: tuple[int, ...] = TEST_TIME_R) -> dict[str, Any]:
+def run_demo(
+    out: str | Path = "demo",
+    *,
+    preset: str = "demo",
+    bootstrap: int | None = None,
+    restarts: int | None = None,
+    lr_draws: int | None = None,
+    eval_limit: int | None = 100,
+    progress: bool = True,
+    console: Console | None = None,
+    slots: int | None = None,
+    test_time_r: tuple[int, ...] = TEST_TIME_R,
+) -> dict[str, Any]:
     """Run (or resume) the demo in ``out``; returns the headline dict (also written to OUT/headline.json).
 
     ``slots``: runs trained at once (default: as many as the cores hold, the presets' runs use one thread).
@@ -57,15 +65,22 @@ def run_demo(out: str | Path = "demo", *, preset: str = "demo", bootstrap: int |
     spec = load_spec(PRESETS[preset])
     con.rule(_rich(f"[bold]1/4 sweep[/] ({preset}: {len(spec.runs())} runs) -> {escape(str(out / 'sweep'))}"))
     if holds_another_spec(spec, SweepStore(out / "sweep")):  # e.g. `demo --quick`, then `demo` into the same dir
-        raise ConfigError("--out", f"{out} holds a demo of another preset (or an edited one); give this one its own "
-                          f"folder, e.g. --out {out}-{preset}", value=str(out))
+        raise ConfigError(
+            "--out",
+            f"{out} holds a demo of another preset (or an edited one); give this one its own "
+            f"folder, e.g. --out {out}-{preset}",
+            value=str(out),
+        )
     store = prepare(spec, out / "sweep")
     _sweep(spec, store, progress=progress, console=con, slots=slots)
     df, counts = runs_table(store)
     runs_csv, _ = write_table(df, out / "runs.csv")
     missing = ", ".join(f"{n} {status}" for status, n in counts.items())
-    con.print(f"runs table: {runs_csv} ({len(df)} runs" + (f"; without a result: {missing})" if missing else ")"),
-              highlight=False, markup=False)
+    con.print(
+        f"runs table: {runs_csv} ({len(df)} runs" + (f"; without a result: {missing})" if missing else ")"),
+        highlight=False,
+        markup=False,
+    )
 
     con.rule(_rich("[bold]2/4 fit[/]"))
     # the sweep's own spec ([fit] table, its loop-of-one controls); None: the fit's defaults
@@ -79,15 +94,24 @@ def run_demo(out: str | Path = "demo", *, preset: str = "demo", bootstrap: int |
     con.rule(_rich("[bold]3/4 five-axis evaluation[/] (compute-optimal run per budget and r)"))
     if test_time_r:
         rs = ", ".join(map(str, test_time_r))
-        con.print(f"  test-time recurrence: the top budget's looped runs also at r = {rs}", highlight=False,
-                  markup=False)
+        con.print(
+            f"  test-time recurrence: the top budget's looped runs also at r = {rs}", highlight=False, markup=False
+        )
     reference = fit.reference
     test_time = _test_time_runs(table.df, reference) if test_time_r else _never
-    ev = evaluate_path(out / "sweep", "world", out_dir=out, limit=eval_limit, r_values=test_time_r,
-                       r_values_where=test_time,
-                       on_run=lambda ref, i, n: con.print(
-                           f"  [{i + 1}/{n}] {ref.run_id}" + (" + test-time r" if test_time(ref) else ""),
-                           highlight=False, markup=False))
+    ev = evaluate_path(
+        out / "sweep",
+        "world",
+        out_dir=out,
+        limit=eval_limit,
+        r_values=test_time_r,
+        r_values_where=test_time,
+        on_run=lambda ref, i, n: con.print(
+            f"  [{i + 1}/{n}] {ref.run_id}" + (" + test-time r" if test_time(ref) else ""),
+            highlight=False,
+            markup=False,
+        ),
+    )
     con.rule(_rich("[bold]4/4 report[/]"))
     index = make_report(runs_csv, out / "report", fit=fit_path, axes=ev["axes_csv"])
     ctx = ReportContext.build(load_inputs(runs_csv, out / "report", fit=fit_path, axes=ev["axes_csv"]))
@@ -105,8 +129,13 @@ def _test_time_runs(runs: Any, variant: str) -> Callable[[Any], bool]:
     top = float(mine["C"].max()) if len(mine) and mine["C"].notna().any() else None
 
     def chosen(ref: Any) -> bool:
-        return (top is not None and ref.variant == variant and (ref.r or 1) > 1 and ref.C is not None
-                and math.isclose(float(ref.C), top, rel_tol=1e-3))
+        return (
+            top is not None
+            and ref.variant == variant
+            and (ref.r or 1) > 1
+            and ref.C is not None
+            and math.isclose(float(ref.C), top, rel_tol=1e-3)
+        )
 
     return chosen
 
@@ -169,20 +198,34 @@ def _headline(res: Any, runs: Any, ev: dict[str, Any], index: Path, wall: float)
     others = {}
     for name, o in verdicts(res).items():
         if name != ref:
-            others[name] = {"phi": o.phi, "phi_ci": list(o.ci) if o.ci else None, "resolved": o.resolved,
-                            "verdict": o.label, "reasons": o.reasons, "caveats": o.caveats, "claims": o.claims,
-                            "inference": _brief(res.variant(name).inference)}
+            others[name] = {
+                "phi": o.phi,
+                "phi_ci": list(o.ci) if o.ci else None,
+                "resolved": o.resolved,
+                "verdict": o.label,
+                "reasons": o.reasons,
+                "caveats": o.caveats,
+                "claims": o.claims,
+                "inference": _brief(res.variant(name).inference),
+            }
     return {
-        "phi": verdict.phi, "phi_ci": list(verdict.ci) if verdict.ci else None, "resolved": verdict.resolved,
-        "verdict": verdict.label, "reasons": verdict.reasons, "caveats": verdict.caveats, "claims": verdict.claims,
+        "phi": verdict.phi,
+        "phi_ci": list(verdict.ci) if verdict.ci else None,
+        "resolved": verdict.resolved,
+        "verdict": verdict.label,
+        "reasons": verdict.reasons,
+        "caveats": verdict.caveats,
+        "claims": verdict.claims,
         "inference": _brief(v.inference),
-        "r2": v.metrics.r2, "restricted": {k: r["r2"] for k, r in v.restricted.items()},
+        "r2": v.metrics.r2,
+        "restricted": {k: r["r2"] for k, r in v.restricted.items()},
         "delta_phi": {d.variant: d.delta_phi for d in res.delta_phi},
         "delta_phi_inference": {d.variant: _brief(d.inference) for d in res.delta_phi if d.inference},
         "loss_gap_to_r1": gaps,
         "variants": others,
         "axes": {a: {r: sum(x) / len(x) for r, x in sorted(per.items())} for a, per in axes.items()},
-        "report": str(index), "wall_s": wall,
+        "report": str(index),
+        "wall_s": wall,
     }
 
 
@@ -206,24 +249,33 @@ def _print_headline(con: Console, h: dict[str, Any], axes: Any = None) -> None:
     con.print(_rich("[bold]details"))
     ci = h.get("phi_ci")
     phi = h.get("phi")
-    con.print(f"  paper design (plain r = 1): phi = {phi_ci(phi, ci)}" if phi is not None
-              else "  paper design: no fit",
-              highlight=False, markup=False)
-    con.print(f"    {h.get('verdict')}" + (f" ({'; '.join(h['reasons'])})" if h.get("reasons") else ""),
-              highlight=False, markup=False)
+    con.print(
+        f"  paper design (plain r = 1): phi = {phi_ci(phi, ci)}" if phi is not None else "  paper design: no fit",
+        highlight=False,
+        markup=False,
+    )
+    con.print(
+        f"    {h.get('verdict')}" + (f" ({'; '.join(h['reasons'])})" if h.get("reasons") else ""),
+        highlight=False,
+        markup=False,
+    )
     for c in h.get("claims") or []:
         con.print(f"    {c}", highlight=False, markup=False)
     if h.get("caveats"):
         con.print(f"    {'; '.join(h['caveats'])}", highlight=False, markup=False)
     if h.get("restricted"):
-        con.print("    R2: free " + f"{h['r2']:.4f}" + "".join(f", {k} {v:.4f}" for k, v in h["restricted"].items()
-                                                             if v is not None), highlight=False, markup=False)
+        con.print(
+            "    R2: free "
+            + f"{h['r2']:.4f}"
+            + "".join(f", {k} {v:.4f}" for k, v in h["restricted"].items() if v is not None),
+            highlight=False,
+            markup=False,
+        )
     for name, o in (h.get("variants") or {}).items():
         est = "" if o.get("phi") is None else f"phi = {phi_ci(o['phi'], o.get('phi_ci'))}"
         line = f"  {name}: {est}" + (" - " if est else "")
         line += "resolved" if o["resolved"] else o["verdict"]
-        con.print(line + (f" ({'; '.join(o['reasons'])})" if o.get("reasons") else ""), highlight=False,
-                  markup=False)
+        con.print(line + (f" ({'; '.join(o['reasons'])})" if o.get("reasons") else ""), highlight=False, markup=False)
         for c in o.get("claims") or []:
             con.print(f"    {c}", highlight=False, markup=False)
         if o.get("caveats"):
@@ -232,8 +284,12 @@ def _print_headline(con: Console, h: dict[str, Any], axes: Any = None) -> None:
         if v is not None:
             con.print(f"  delta phi ({k}) = {v:+.3f}", highlight=False, markup=False)
     for r, per in (h.get("loss_gap_to_r1") or {}).items():
-        con.print(f"  loss gap to r=1 at matched compute (best run per cell), r={r}: "
-                  + ", ".join(f"C={c}: {g:+.3f}" for c, g in per.items()), highlight=False, markup=False)
+        con.print(
+            f"  loss gap to r=1 at matched compute (best run per cell), r={r}: "
+            + ", ".join(f"C={c}: {g:+.3f}" for c, g in per.items()),
+            highlight=False,
+            markup=False,
+        )
     if axes is not None:
         con.print(rich_table(axes))
     con.print(f"report: {h['report']}  ({h['wall_s'] / 60:.1f} min)", highlight=False, markup=False)
@@ -245,8 +301,13 @@ def rich_table(t: Any) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    out = Table(title=Text(t.title), title_justify="left", caption=Text(t.note) if t.note else None,
-                caption_justify="left", box=box.SIMPLE_HEAD)
+    out = Table(
+        title=Text(t.title),
+        title_justify="left",
+        caption=Text(t.note) if t.note else None,
+        caption_justify="left",
+        box=box.SIMPLE_HEAD,
+    )
     for i, col in enumerate(t.columns):
         out.add_column(Text(col), justify="left" if i == 0 else "right")
     for row in t.rows:

@@ -48,8 +48,12 @@ class ConfigError(LoopscaleError, ValueError):
         return ConfigError(self.field, self.message, value=self.value, source=source)
 
 
-def from_pydantic(err: Exception, source: str | None = None, prefix: str = "",
-                  known: Callable[[tuple[Any, ...]], list[str]] | None = None) -> ConfigError:
+def from_pydantic(
+    err: Exception,
+    source: str | None = None,
+    prefix: str = "",
+    known: Callable[[tuple[Any, ...]], list[str]] | None = None,
+) -> ConfigError:
     """Turn the first error of a pydantic ValidationError into a one-line ConfigError.
 
     An unknown key is reported before a missing one (``sweep.budget`` is a typo of ``budgets``, not a

@@ -41,7 +41,7 @@ def start_time(pid: int) -> int | None:
     except OSError:
         return None
     try:  # the command name (field 2) may hold spaces and parentheses: fields resume after the last ')'
-        return int(stat[stat.rindex(")") + 2:].split()[19])
+        return int(stat[stat.rindex(")") + 2 :].split()[19])
     except (ValueError, IndexError):
         return None
 
@@ -61,8 +61,13 @@ def _pid_alive(pid: int) -> bool:
 def holder() -> dict[str, Any]:
     """This process, as a lock records it."""
     pid = os.getpid()
-    return {"pid": pid, "host": socket.gethostname(), "boot_id": boot_id(), "start": start_time(pid),
-            "time": time.time()}
+    return {
+        "pid": pid,
+        "host": socket.gethostname(),
+        "boot_id": boot_id(),
+        "start": start_time(pid),
+        "time": time.time(),
+    }
 
 
 def holder_alive(info: dict[str, Any], path: Path) -> bool:
@@ -116,8 +121,9 @@ def describe(info: dict[str, Any], run_dir: Path) -> str:
     since = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(info.get("time", 0)))) if info.get("time") else "?"
     by = f"pid {info.get('pid', '?')} on {info.get('host', '?')} since {since}"
     what = f" ({info['executor']})" if info.get("executor") else ""
-    return (f"held by {by}{what}; wait for it, stop it, or if that process is gone for good delete "
-            f"{Path(run_dir) / LOCK}")
+    return (
+        f"held by {by}{what}; wait for it, stop it, or if that process is gone for good delete {Path(run_dir) / LOCK}"
+    )
 
 
 class Lock:
@@ -216,8 +222,11 @@ def held(run_dir: Path, *, field: str, doing: str, executor: str) -> Iterator[Lo
     except OSError as exc:
         raise ConfigError(field, f"cannot write {d}: {exc.strerror or exc}", value=str(d)) from None
     if lock is None:
-        raise ConfigError(field, f"{d} is in use by another process ({doing} would mix with it): "
-                          + describe(live(d) or {}, d), value=str(d))
+        raise ConfigError(
+            field,
+            f"{d} is in use by another process ({doing} would mix with it): " + describe(live(d) or {}, d),
+            value=str(d),
+        )
     with lock:
         yield lock
 
@@ -232,5 +241,8 @@ def refuse_if_held(run_dir: Path, *, field: str, doing: str) -> None:
 
     info = live(Path(run_dir))
     if info is not None and info.get("executor") not in READERS:
-        raise ConfigError(field, f"{run_dir} is being written now, so {doing} could read a half-made run: "
-                          + describe(info, Path(run_dir)), value=str(run_dir))
+        raise ConfigError(
+            field,
+            f"{run_dir} is being written now, so {doing} could read a half-made run: " + describe(info, Path(run_dir)),
+            value=str(run_dir),
+        )

@@ -308,8 +308,7 @@ def _muon_buckets(cfg: ModelConfig) -> list[tuple[int, int, int]]:
     return [(n, lo, hi) for (lo, hi), n in buckets.items()]
 
 
-def optimizer_transient_bytes(cfg: ModelConfig, rg: Regime, *, optim: str = "muonh",
-                              ns_dtype: str = "auto") -> float:
+def optimizer_transient_bytes(cfg: ModelConfig, rg: Regime, *, optim: str = "muonh", ns_dtype: str = "auto") -> float:
     """S_opt: the optimiser step's temporaries (module docstring)."""
     n_adam = accounting.N_total(cfg) - (matrix_params(cfg) if optim == "muonh" else 0)
     adam = 0.0 if rg.device == "cuda" else 8.0 * n_adam
@@ -343,8 +342,16 @@ class Peak:
         return {**asdict(self), "total": self.total}
 
 
-def train_peak(cfg: ModelConfig, rows: int, rg: Regime, *, optim: str = "muonh", ns_dtype: str = "auto",
-               world: int = 1, accumulate: bool = True) -> Peak:
+def train_peak(
+    cfg: ModelConfig,
+    rows: int,
+    rg: Regime,
+    *,
+    optim: str = "muonh",
+    ns_dtype: str = "auto",
+    world: int = 1,
+    accumulate: bool = True,
+) -> Peak:
     """Peak of a training step whose forward passes take ``rows`` rows of T tokens each.
 
     ``accumulate``: several forwards per step, so earlier forwards' grads are live at a later backward's
@@ -353,9 +360,13 @@ def train_peak(cfg: ModelConfig, rows: int, rg: Regime, *, optim: str = "muonh",
     tokens = rows * cfg.seq_len
     state = state_bytes(cfg, optim=optim, world=world)
     grads = 0.0 if accumulate else state - state_bytes(cfg, optim=optim, world=world, grads=False)
-    return Peak(rows, state, tokens * activation_bytes(cfg, rg) + weight_copy_bytes(cfg, rg) - grads,
-                max(tokens * backward_transient_bytes(cfg, rg, tokens), loss_transient_bytes(cfg, rg, tokens)),
-                optimizer_transient_bytes(cfg, rg, optim=optim, ns_dtype=ns_dtype))
+    return Peak(
+        rows,
+        state,
+        tokens * activation_bytes(cfg, rg) + weight_copy_bytes(cfg, rg) - grads,
+        max(tokens * backward_transient_bytes(cfg, rg, tokens), loss_transient_bytes(cfg, rg, tokens)),
+        optimizer_transient_bytes(cfg, rg, optim=optim, ns_dtype=ns_dtype),
+    )
 
 
 def eval_peak(cfg: ModelConfig, rows: int, rg: Regime, *, optim: str = "muonh", world: int = 1) -> Peak:
@@ -396,8 +407,18 @@ def device_total_memory(device: str) -> int | None:
         return None
 
 
-_UNITS = {"": 1e9, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20,
-          "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "": 1e9,
+    "b": 1,
+    "kb": 1e3,
+    "mb": 1e6,
+    "gb": 1e9,
+    "tb": 1e12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def parse_bytes(text: str | float) -> int:
@@ -440,8 +461,13 @@ class MicroBatches:
 
     def record(self) -> dict[str, Any]:
         """What a run's result.json records."""
-        return {"micro_batch": self.train, "val_micro_batch": self.val, "predicted_peak_bytes": self.train_peak,
-                "predicted_val_peak_bytes": self.val_peak, "memory_limit_bytes": self.limit}
+        return {
+            "micro_batch": self.train,
+            "val_micro_batch": self.val,
+            "predicted_peak_bytes": self.train_peak,
+            "predicted_val_peak_bytes": self.val_peak,
+            "memory_limit_bytes": self.limit,
+        }
 
 
 def micro_batches(cfg: TrainConfig, *, device: str, limit: float | None, world: int = 1) -> MicroBatches:

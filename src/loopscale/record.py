@@ -162,8 +162,7 @@ class RecordError(ValueError):
 FIT_INPUTS: tuple[str, ...] = ("r", "N_once", "N_rec", "D", "val_loss")
 """The fields the law reads: a runs table's required columns (``fit.table.REQUIRED``)."""
 
-OK_REQUIRES: tuple[tuple[str, int | None], ...] = (("val_loss", None), ("r", 1), ("N_once", 0), ("N_rec", 0),
-                                                   ("D", 0))
+OK_REQUIRES: tuple[tuple[str, int | None], ...] = (("val_loss", None), ("r", 1), ("N_once", 0), ("N_rec", 0), ("D", 0))
 """What a finished (status ok) run must carry, finite and at least this (``D`` above it): the fit's inputs."""
 
 
@@ -197,8 +196,13 @@ def record_problem(doc: Any, model: type[RunRecord] | None = None, *, types: boo
 
 
 def _expected(kind: str) -> str:
-    for prefix, what in (("int", "an integer"), ("float", "a number"), ("string", "a string"),
-                         ("dict", "a JSON object"), ("missing", "a value")):
+    for prefix, what in (
+        ("int", "an integer"),
+        ("float", "a number"),
+        ("string", "a string"),
+        ("dict", "a JSON object"),
+        ("missing", "a value"),
+    ):
         if kind.startswith(prefix):
             return what
     return kind.replace("_", " ")
@@ -218,10 +222,41 @@ ATTEMPTS = "attempts"
 """The row's last column among the pinned ones: how many times the sweep started the run (attempts.json)."""
 
 PINNED: tuple[str, ...] = (
-    "run_id", "variant", "seed", "C", "r", "d_model", "n_prelude", "n_recur", "n_coda", "N_once", "N_rec", "D",
-    "val_loss", "flops_per_token", "status", "wall_s", "error",
-    "val_loss_se", "val_bpb", "L_eff", "layout", "injection", "bptt_k", "seq_len", "batch_size", "steps", "flops",
-    "tokens_per_param", "N_emb", "N_total", "vocab_size", "vocab_multiple", "head_dim", "mlp_ratio", "hc_lanes",
+    "run_id",
+    "variant",
+    "seed",
+    "C",
+    "r",
+    "d_model",
+    "n_prelude",
+    "n_recur",
+    "n_coda",
+    "N_once",
+    "N_rec",
+    "D",
+    "val_loss",
+    "flops_per_token",
+    "status",
+    "wall_s",
+    "error",
+    "val_loss_se",
+    "val_bpb",
+    "L_eff",
+    "layout",
+    "injection",
+    "bptt_k",
+    "seq_len",
+    "batch_size",
+    "steps",
+    "flops",
+    "tokens_per_param",
+    "N_emb",
+    "N_total",
+    "vocab_size",
+    "vocab_multiple",
+    "head_dim",
+    "mlp_ratio",
+    "hc_lanes",
     "attempts",
 )
 """The runs table's lead columns, in the order runs.csv has had them; every other column of the record follows,

@@ -25,8 +25,7 @@ class StopSignals:
     Installed only in the main thread (Python allows no other); on exit the previous handlers return.
     """
 
-    def __init__(self, signals: tuple[int, ...] = STOP,
-                 on_signal: Callable[[int, bool], None] | None = None) -> None:
+    def __init__(self, signals: tuple[int, ...] = STOP, on_signal: Callable[[int, bool], None] | None = None) -> None:
         self.signals = signals
         self.on_signal = on_signal
         self.caught: int | None = None

@@ -83,7 +83,7 @@ class Technique(nn.Module):
         return True
 
     def placement(self, name: str, p: nn.Parameter) -> str:
-        """"once" or "recurrence" for one of the technique's parameters (default: the class's ``runs``)."""
+        """ "once" or "recurrence" for one of the technique's parameters (default: the class's ``runs``)."""
         return self.runs
 
     def param_group(self, name: str, p: nn.Parameter) -> str:
@@ -128,23 +128,32 @@ def load(spec: str) -> type[Technique]:
     if ":" not in str(spec) and str(spec).isidentifier():
         names = registered()
         if str(spec) not in names:
-            raise ConfigError(FIELD, f"no technique registered as {spec!r} (entry-point group {ENTRY_POINTS} "
-                              f"has {sorted(names)}); or give 'module:Class' / 'path/to/file.py:Class'", value=spec)
+            raise ConfigError(
+                FIELD,
+                f"no technique registered as {spec!r} (entry-point group {ENTRY_POINTS} "
+                f"has {sorted(names)}); or give 'module:Class' / 'path/to/file.py:Class'",
+                value=spec,
+            )
         return load(names[str(spec)])
     module, sep, name = str(spec).rpartition(":")
     is_file = module.endswith(".py")
-    if (not sep or not module or not name or not all(p.isidentifier() for p in name.split("."))
-            or (not is_file and not all(p.isidentifier() for p in module.split(".")))):
-        raise ConfigError(FIELD, "expected 'module:Class' or 'path/to/file.py:Class' (then a class in it)",
-                          value=spec)
+    if (
+        not sep
+        or not module
+        or not name
+        or not all(p.isidentifier() for p in name.split("."))
+        or (not is_file and not all(p.isidentifier() for p in module.split(".")))
+    ):
+        raise ConfigError(FIELD, "expected 'module:Class' or 'path/to/file.py:Class' (then a class in it)", value=spec)
     try:
         mod = _import_file(Path(module)) if is_file else importlib.import_module(module)
     except ConfigError:
         raise
     except Exception as exc:  # the user's module: any error while importing it is theirs, named in one line
         where = "does the file exist?" if is_file else "is it installed or on PYTHONPATH?"
-        raise ConfigError(FIELD, f"cannot import {module!r} ({type(exc).__name__}: {exc}); {where}",
-                          value=spec) from None
+        raise ConfigError(
+            FIELD, f"cannot import {module!r} ({type(exc).__name__}: {exc}); {where}", value=spec
+        ) from None
     obj: Any = mod
     for part in name.split("."):
         if not hasattr(obj, part):
@@ -196,8 +205,9 @@ def build(cfg: ModelConfig, device: str | torch.device | None = None) -> Techniq
     return _build(cfg.technique or "", dict(cfg.technique_options), cfg.width, cfg.r, device)
 
 
-def _build(spec: str, options: dict[str, Any], d_model: int, r: int,
-           device: str | torch.device | None = None) -> Technique:
+def _build(
+    spec: str, options: dict[str, Any], d_model: int, r: int, device: str | torch.device | None = None
+) -> Technique:
     cls = load(spec)
     try:
         with torch.device(device) if device is not None else contextlib.nullcontext():
@@ -233,11 +243,19 @@ def _cost(spec: str, options_json: str, d_model: int, r: int) -> Cost:
     except ConfigError:
         raise
     except Exception as exc:
-        raise ConfigError(FIELD, f"{spec} failed on a probe batch [1, {_PROBE_T}, {d_model}] "
-                          f"({type(exc).__name__}: {exc})", value=spec) from None
+        raise ConfigError(
+            FIELD,
+            f"{spec} failed on a probe batch [1, {_PROBE_T}, {d_model}] ({type(exc).__name__}: {exc})",
+            value=spec,
+        ) from None
     _same_shape(tech, "readout(state)", out, e)
-    measured = Cost(params_once=once, params_rec=rec, flops_once=flops_once / _PROBE_T,
-                    flops_rec=sum(per_rec) / r / _PROBE_T, grad_recurrences=sum(tech.grad(i, r) for i in range(r)))
+    measured = Cost(
+        params_once=once,
+        params_rec=rec,
+        flops_once=flops_once / _PROBE_T,
+        flops_rec=sum(per_rec) / r / _PROBE_T,
+        grad_recurrences=sum(tech.grad(i, r) for i in range(r)),
+    )
     _check_declared(type(tech), spec, d_model, r, options, measured)
     return measured
 
@@ -268,18 +286,29 @@ def _probe_loop(tech: Technique, e: torch.Tensor, state: torch.Tensor, r: int) -
 def _same_shape(tech: Technique, what: str, got: Any, e: torch.Tensor) -> None:
     if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(e.shape):
         shape = list(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
-        raise ConfigError(FIELD, f"{what} must return a tensor of the stream's shape {list(e.shape)}, got {shape}",
-                          value=type(tech).__name__)
+        raise ConfigError(
+            FIELD,
+            f"{what} must return a tensor of the stream's shape {list(e.shape)}, got {shape}",
+            value=type(tech).__name__,
+        )
 
 
-def _check_declared(cls: type[Technique], spec: str, d_model: int, r: int, options: dict[str, Any],
-                    measured: Cost) -> None:
+def _check_declared(
+    cls: type[Technique], spec: str, d_model: int, r: int, options: dict[str, Any], measured: Cost
+) -> None:
     declared = cls.declared(d_model, r, options) or {}
     for key, value in declared.items():
         if key not in ("params_once", "params_rec", "flops_once", "flops_rec"):
-            raise ConfigError(FIELD, f"declared() has an unknown key {key!r}; expected params_once, params_rec, "
-                              "flops_once or flops_rec", value=spec)
+            raise ConfigError(
+                FIELD,
+                f"declared() has an unknown key {key!r}; expected params_once, params_rec, flops_once or flops_rec",
+                value=spec,
+            )
         got = float(getattr(measured, key))
         if abs(float(value) - got) > TOLERANCE * max(abs(got), 1.0):
-            raise ConfigError(FIELD, f"declares {key} = {float(value):.6g} but measures {got:.6g} (at d_model = "
-                              f"{d_model}, r = {r}; tolerance {TOLERANCE:.0%})", value=spec)
+            raise ConfigError(
+                FIELD,
+                f"declares {key} = {float(value):.6g} but measures {got:.6g} (at d_model = "
+                f"{d_model}, r = {r}; tolerance {TOLERANCE:.0%})",
+                value=spec,
+            )

@@ -88,8 +88,12 @@ def run_app(argv: list[str] | None = None) -> int:
         if debug or exc.filename is None:
             raise
         where = str(exc.filename) + (f" -> {exc.filename2}" if exc.filename2 else "")
-        err_console.print(f"[bold red]error:[/] {escape(where)}: {escape(exc.strerror or type(exc).__name__)}",
-                          markup=True, highlight=False, soft_wrap=True)
+        err_console.print(
+            f"[bold red]error:[/] {escape(where)}: {escape(exc.strerror or type(exc).__name__)}",
+            markup=True,
+            highlight=False,
+            soft_wrap=True,
+        )
         return 1
     except SystemExit as exc:  # typer's own exits (--help)
         return int(exc.code or 0) if not isinstance(exc.code, str) else 1

@@ -13,8 +13,7 @@ from rich.table import Table
 from loopscale.cli.app import app, console
 from loopscale.config import apply_overrides, load_mapping, validate
 
-data_app = typer.Typer(help="The training data: the embedded default mixture and its task world.",
-                       no_args_is_help=True)
+data_app = typer.Typer(help="The training data: the embedded default mixture and its task world.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 
 
@@ -46,8 +45,9 @@ def describe(
     if cfg.source != "default":
         from loopscale.errors import ConfigError
 
-        raise ConfigError("data.source", "describe covers the embedded mixture ('default') only so far",
-                          value=cfg.source)
+        raise ConfigError(
+            "data.source", "describe covers the embedded mixture ('default') only so far", value=cfg.source
+        )
     from loopscale.data.mixture import build_default
 
     t0 = time.perf_counter()
@@ -58,17 +58,29 @@ def describe(
         console.print_json(json.dumps(stats))
         return
     tr, va = stats["train"], stats["val"]
-    console.print(f"[bold]data[/] source={escape(str(stats['source']))} seed={stats['seed']}; "
-                  f"real text: {escape(str(stats['real_text']))}", markup=True)
-    console.print(f"tokenizer: {stats['tokenizer']}, vocab {stats['vocab_size']}; "
-                  f"unigram entropy of training tokens {tr['unigram_entropy_nats']:.3f} nats "
-                  f"({tr['unigram_entropy_bits']:.3f} bits); built in {stats['build_s']:.2f} s")
+    console.print(
+        f"[bold]data[/] source={escape(str(stats['source']))} seed={stats['seed']}; "
+        f"real text: {escape(str(stats['real_text']))}",
+        markup=True,
+    )
+    console.print(
+        f"tokenizer: {stats['tokenizer']}, vocab {stats['vocab_size']}; "
+        f"unigram entropy of training tokens {tr['unigram_entropy_nats']:.3f} nats "
+        f"({tr['unigram_entropy_bits']:.3f} bits); built in {stats['build_s']:.2f} s"
+    )
     table = Table(title="streams")
     for c in ("split", "documents", "real docs", "world docs", "bytes", "tokens", "world share"):
         table.add_column(c, justify="right")
     for name, s in (("train", tr), ("val", va)):
-        table.add_row(name, f"{s['documents']:,}", f"{s['real_documents']:,}", f"{s['world_documents']:,}",
-                      f"{s['bytes']:,}", f"{s['tokens']:,}", f"{s['world_share']:.1%}")
+        table.add_row(
+            name,
+            f"{s['documents']:,}",
+            f"{s['real_documents']:,}",
+            f"{s['world_documents']:,}",
+            f"{s['bytes']:,}",
+            f"{s['tokens']:,}",
+            f"{s['world_share']:.1%}",
+        )
     console.print(table)
     fam = Table(title="training mixture by family")
     for c in ("family", "documents", "bytes", "share"):
@@ -76,8 +88,9 @@ def describe(
     for f, s in tr["families"].items():
         fam.add_row(f, f"{s['documents']:,}", f"{s['bytes']:,}", f"{s['share']:.1%}")
     console.print(fam)
-    ev = Table(title=f"evaluation items ({stats['entities']['seen']} people in training, "
-                     f"{stats['entities']['unseen']} unseen)")
+    ev = Table(
+        title=f"evaluation items ({stats['entities']['seen']} people in training, {stats['entities']['unseen']} unseen)"
+    )
     for c in ("task", "axis", "items", "note"):
         ev.add_column(c, justify="right")
     for t, s in stats["eval"].items():

@@ -36,8 +36,18 @@ def planned_grid(spec: Any, r1_from: str | None = None) -> Any:
     rows = []
     for rs in runs:
         p = plan_row(rs, spec)
-        rows.append({"run_id": rs.run_id, "C": rs.C, "r": rs.r, "d_model": rs.d_model, "seed": rs.seed,
-                     "N_once": p.N_once, "N_rec": p.N_rec, "D": float(p.tokens)})
+        rows.append(
+            {
+                "run_id": rs.run_id,
+                "C": rs.C,
+                "r": rs.r,
+                "d_model": rs.d_model,
+                "seed": rs.seed,
+                "N_once": p.N_once,
+                "N_rec": p.N_rec,
+                "D": float(p.tokens),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -55,16 +65,23 @@ def _prior(prior: str, variant: str | None) -> tuple[dict[str, float], Any, str]
         raise ConfigError("--variant", f"not in the fit file; it has {sorted(doc.variants)}", value=name)
     rec = doc.variant(name)
     if rec.phi_undetermined:
-        raise ConfigError("--prior", "the fit file's law has no phi (no r > 1 runs); give a fit with looped runs",
-                          value=prior)
+        raise ConfigError(
+            "--prior", "the fit file's law has no phi (no r > 1 runs); give a fit with looped runs", value=prior
+        )
     return {k: float(x) for k, x in rec.params.as_dict().items()}, doc, f"{prior} [{name}]"
 
 
 MISFIT_NATS = 0.5  # a noise estimate above this is a prior that does not describe the runs
 
 
-def _noise(sigma: float | None, cell_sigma: float | None, noise_from: list[Path], prior: dict[str, float],
-           doc: Any, r1_from: str | None) -> Any:
+def _noise(
+    sigma: float | None,
+    cell_sigma: float | None,
+    noise_from: list[Path],
+    prior: dict[str, float],
+    doc: Any,
+    r1_from: str | None,
+) -> Any:
     """Flags win; else estimated from a runs table (seeds where present); else the fit's residual RMSE.
 
     The runs are read as the design reads its grid: baseline runs, against ``r1_from``'s r = 1 runs if given."""
@@ -83,10 +100,13 @@ def _noise(sigma: float | None, cell_sigma: float | None, noise_from: list[Path]
         if doc is None and max(est.run_sd, est.cell_sd) > MISFIT_NATS:  # the paper's law at tiny CPU scale
             from loopscale.console import err_console
 
-            err_console.print(f"warning: against the prior law these runs scatter by {est.run_sd:.3g} (run) and "
-                              f"{est.cell_sd:.3g} (cell) nats: that is the law's misfit, not noise; pass --prior with "
-                              "a fit file of runs like these (e.g. their own `loopscale fit`)", highlight=False,
-                              markup=False)
+            err_console.print(
+                f"warning: against the prior law these runs scatter by {est.run_sd:.3g} (run) and "
+                f"{est.cell_sd:.3g} (cell) nats: that is the law's misfit, not noise; pass --prior with "
+                "a fit file of runs like these (e.g. their own `loopscale fit`)",
+                highlight=False,
+                markup=False,
+            )
     elif doc is not None:
         src = Path(str(doc.source.get("path", "")))
         if src.is_file():
@@ -96,8 +116,11 @@ def _noise(sigma: float | None, cell_sigma: float | None, noise_from: list[Path]
     if est is None:
         est = Noise(0.01, 0.0, "default: the paper's residual RMSE per r, 0.009-0.011 nats (§5)")
     if sigma is not None or cell_sigma is not None:
-        est = Noise(est.run_sd if sigma is None else sigma, est.cell_sd if cell_sigma is None else cell_sigma,
-                    "flags" + (f" + {est.source}" if sigma is None or cell_sigma is None else ""))
+        est = Noise(
+            est.run_sd if sigma is None else sigma,
+            est.cell_sd if cell_sigma is None else cell_sigma,
+            "flags" + (f" + {est.source}" if sigma is None or cell_sigma is None else ""),
+        )
     return est
 
 
@@ -106,22 +129,35 @@ def design(
     spec: str = typer.Argument(..., help="Planned sweep: a spec file, a sweep dir or a preset (paper, demo, study)."),
     prior: str = typer.Option("paper", "--prior", help="Law to simulate from: 'paper' or a fit file."),
     variant: str | None = typer.Option(None, "--variant", help="Variant of the prior fit file (default: reference)."),
-    r1_from: str | None = typer.Option(None, "--r1-from", help="Use this spec variant's r = 1 runs (loop-of-one "
-                                       "controls) as the r = 1 reference, as `fit --r1-from` does."),
+    r1_from: str | None = typer.Option(
+        None,
+        "--r1-from",
+        help="Use this spec variant's r = 1 runs (loop-of-one "
+        "controls) as the r = 1 reference, as `fit --r1-from` does.",
+    ),
     sigma: float | None = typer.Option(None, "--sigma", help="Per-run noise sd in nats (default: estimated)."),
     cell_sigma: float | None = typer.Option(None, "--cell-sigma", help="Noise sd shared by a (C, r) cell, nats."),
     noise_from: list[Path] = typer.Option([], "--noise-from", help="Runs table(s) to estimate both sds from."),
     sims: int = typer.Option(32, "--sims", help="Simulated studies (each a full fit with bootstrap)."),
     bootstrap: int = typer.Option(50, "--bootstrap", help="Cell resamples per simulated fit."),
-    lr_draws: int = typer.Option(200, "--lr-draws", help="Wild-bootstrap tables per simulated fit for the "
-                                 "profile interval `fit` quotes (0: off)."),
+    lr_draws: int = typer.Option(
+        200,
+        "--lr-draws",
+        help="Wild-bootstrap tables per simulated fit for the profile interval `fit` quotes (0: off).",
+    ),
     restarts: int = typer.Option(100, "--restarts", help="Random starts per simulated fit."),
-    target: float | None = typer.Option(None, "--target-width", help="Search for the cheapest grid whose phi "
-                                        "CI is at most this wide."),
+    target: float | None = typer.Option(
+        None, "--target-width", help="Search for the cheapest grid whose phi CI is at most this wide."
+    ),
     search_: bool = typer.Option(True, "--search/--no-search", help="Rank cheaper and dearer grid variants."),
     search_sims: int = typer.Option(20, "--search-sims", help="Simulations per variant in the search."),
-    delta: float | None = typer.Option(None, "--delta", help=escape(
-        "Huber delta of the simulated fits (default: the spec's [fit] table, else the prior fit's, else 1e-3).")),
+    delta: float | None = typer.Option(
+        None,
+        "--delta",
+        help=escape(
+            "Huber delta of the simulated fits (default: the spec's [fit] table, else the prior fit's, else 1e-3)."
+        ),
+    ),
     workers: int = typer.Option(0, "--workers", help="Processes (0: one per CPU core)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the simulations."),
     set_: list[str] = typer.Option([], "--set", help="Spec override, e.g. sweep.seeds=[0,1]"),
@@ -150,26 +186,40 @@ def design(
     if fit_delta is None:
         stored = doc.settings.get("delta", 1e-3) if doc is not None else 1e-3
         fit_delta = sp.fit.delta if "fit" in sp.raw else float(stored)
-    settings = DesignSettings(sims=sims, bootstrap=bootstrap, lr_draws=lr_draws, restarts=restarts,
-                              delta=float(fit_delta),
-                              loss=sp.fit.loss, seed=seed, workers=workers)
+    settings = DesignSettings(
+        sims=sims,
+        bootstrap=bootstrap,
+        lr_draws=lr_draws,
+        restarts=restarts,
+        delta=float(fit_delta),
+        loss=sp.fit.loss,
+        seed=seed,
+        workers=workers,
+    )
     with err_console.status("simulating") as status:
-        res = simulate(grid, law, noise, settings,
-                       progress=lambda d, n: status.update(f"simulated study {d}/{n}"))
+        res = simulate(grid, law, noise, settings, progress=lambda d, n: status.update(f"simulated study {d}/{n}"))
         rows: list[Any] = []
         best: Any = None
         if search_ or target is not None:
-            rows, best = search(grid, law, noise, settings, target=target, sims=search_sims,
-                                progress=lambda msg: status.update(msg))
+            rows, best = search(
+                grid, law, noise, settings, target=target, sims=search_sims, progress=lambda msg: status.update(msg)
+            )
     wall = time.perf_counter() - t0
     if as_json:
         from dataclasses import asdict
 
         from loopscale.fit.fitfile import json_ready
 
-        doc_out = {"spec": sp.source, "prior": prior_src, "prior_law": law, "result": res.as_dict(),
-                   "search": [asdict(r) for r in rows], "target_width": target,
-                   "cheapest_reaching_target": None if best is None else asdict(best), "wall_s": wall}
+        doc_out = {
+            "spec": sp.source,
+            "prior": prior_src,
+            "prior_law": law,
+            "result": res.as_dict(),
+            "search": [asdict(r) for r in rows],
+            "target_width": target,
+            "cheapest_reaching_target": None if best is None else asdict(best),
+            "wall_s": wall,
+        }
         console.print_json(json.dumps(json_ready(doc_out)))
         return
     _print(sp, grid, res, rows, best, target, prior_src, law, wall, search_sims)
@@ -179,37 +229,61 @@ def _pct(x: float) -> str:
     return "-" if x != x else f"{100 * x:.0f}%"
 
 
-def _print(sp: Any, grid: Any, res: Any, rows: list[Any], best: Any, target: float | None, prior_src: str,
-           law: dict[str, float], wall: float, search_sims: int) -> None:
+def _print(
+    sp: Any,
+    grid: Any,
+    res: Any,
+    rows: list[Any],
+    best: Any,
+    target: float | None,
+    prior_src: str,
+    law: dict[str, float],
+    wall: float,
+    search_sims: int,
+) -> None:
     st = res.settings
     n_seeds = grid["seed"].nunique()
     console.print(
         f"[bold]{escape(sp.source)}[/]: {res.n_runs} runs in {res.n_cells} (C, r) cells, {n_seeds} seed(s), "
         f"{res.cost_flops:.3g} FLOPs; prior {escape(prior_src)} (φ = {phi(law['phi'])}); noise: run sd "
         f"{res.noise.run_sd:.4f}, cell sd {res.noise.cell_sd:.4f} nats ({escape(res.noise.source)})",
-        highlight=False, soft_wrap=True, markup=True)
-    t = Table(title=f"φ over {res.sims} simulated studies (the real fitter: {st.restarts} starts, "
-              f"{st.bootstrap} cell resamples each)", box=box.SIMPLE_HEAVY)
+        highlight=False,
+        soft_wrap=True,
+        markup=True,
+    )
+    t = Table(
+        title=f"φ over {res.sims} simulated studies (the real fitter: {st.restarts} starts, "
+        f"{st.bootstrap} cell resamples each)",
+        box=box.SIMPLE_HEAVY,
+    )
     t.add_column("quantity")
     t.add_column("value", justify="right")
     t.add_column("", justify="left")
     lvl = f"{100 * st.ci_level:.0f}%"
     if res.lr_ci_width == res.lr_ci_width:  # the interval `loopscale fit` quotes (docs/fit.md, "Inference")
-        t.add_row(f"expected {lvl} profile interval width", f"{res.lr_ci_width:.3f}",
-                  f"median {res.lr_ci_width_median:.3f}; {st.lr_draws} wild-bootstrap tables each")
+        t.add_row(
+            f"expected {lvl} profile interval width",
+            f"{res.lr_ci_width:.3f}",
+            f"median {res.lr_ci_width_median:.3f}; {st.lr_draws} wild-bootstrap tables each",
+        )
         t.add_row("coverage of the true φ (profile)", _pct(res.lr_coverage), f"nominal {lvl}")
-        t.add_row("P(test rejects φ = 0 / φ = 1)", f"{_pct(res.lr_reject_0)} / {_pct(res.lr_reject_1)}",
-                  "the interval excludes it; 'rules out' also needs a worse held-out error")
-    t.add_row(f"expected {lvl} CI width (percentile)", f"{res.ci_width:.3f}",
-              f"sd {res.ci_width_sd:.3f} over simulations")
+        t.add_row(
+            "P(test rejects φ = 0 / φ = 1)",
+            f"{_pct(res.lr_reject_0)} / {_pct(res.lr_reject_1)}",
+            "the interval excludes it; 'rules out' also needs a worse held-out error",
+        )
+    t.add_row(
+        f"expected {lvl} CI width (percentile)", f"{res.ci_width:.3f}", f"sd {res.ci_width_sd:.3f} over simulations"
+    )
     t.add_row("sampling width of φ̂", f"{res.sampling_width:.3f}", "2 z × sd of φ̂: a calibrated CI's width")
     t.add_row("bias (median φ̂ − φ)", f"{res.bias:+.4f}", "")
     t.add_row("coverage of the true φ (percentile)", _pct(res.coverage), f"nominal {lvl}")
     t.add_row("P(percentile CI excludes φ = 0)", _pct(res.reject_0), "")
     t.add_row("P(percentile CI excludes φ = 1)", _pct(res.reject_1), "")
     t.add_row("P(φ̂ at its box)", _pct(res.at_bound), "")
-    t.add_row("P(verdict: resolved)", _pct(res.identified),
-              "interval ≤ 0.5 wide, off the box (fit/inference/verdict.py)")
+    t.add_row(
+        "P(verdict: resolved)", _pct(res.identified), "interval ≤ 0.5 wide, off the box (fit/inference/verdict.py)"
+    )
     console.print(t)
     if res.bracketed:
         rs = sorted({int(k.split("|")[1]) for k in res.bracketed})
@@ -222,23 +296,43 @@ def _print(sp: Any, grid: Any, res: Any, rows: list[Any], best: Any, target: flo
             b.add_row(flops(c), *(_pct(res.bracketed.get(f"{c:.3g}|{r}", float("nan"))) for r in rs))
         console.print(b)
     if rows:
-        s = Table(title=f"grid variants, cheapest first (φ width: sampling spread of φ̂ over {search_sims} "
-                  "simulations each, no bootstrap)", box=box.SIMPLE_HEAVY)
+        s = Table(
+            title=f"grid variants, cheapest first (φ width: sampling spread of φ̂ over {search_sims} "
+            "simulations each, no bootstrap)",
+            box=box.SIMPLE_HEAVY,
+        )
         for col in ("variant", "runs", "FLOPs", "cost", "φ width", "bias", "P(at box)"):
             s.add_column(col, justify="right")
         for row in rows:
             mark = " ←" if best is not None and row.name == best.name else ""
-            s.add_row(escape(row.name) + mark, str(row.n_runs), f"{row.cost_flops:.3g}", f"{row.relative_cost:.2f}×",
-                      f"{row.sampling_width:.3f}", f"{row.bias:+.3f}", _pct(row.at_bound))
+            s.add_row(
+                escape(row.name) + mark,
+                str(row.n_runs),
+                f"{row.cost_flops:.3g}",
+                f"{row.relative_cost:.2f}×",
+                f"{row.sampling_width:.3f}",
+                f"{row.bias:+.3f}",
+                _pct(row.at_bound),
+            )
         console.print(s)
     if target is not None:
         if best is None:
-            console.print(f"[bold red]no variant reaches a φ width of {target:g}[/]; try more seeds or budgets",
-                          highlight=False, markup=True)
+            console.print(
+                f"[bold red]no variant reaches a φ width of {target:g}[/]; try more seeds or budgets",
+                highlight=False,
+                markup=True,
+            )
         else:
-            console.print(f"cheapest grid with a φ width ≤ {target:g}: [bold]{escape(best.name)}[/] "
-                          f"({best.n_runs} runs, {best.cost_flops:.3g} FLOPs, width {best.sampling_width:.3f})",
-                          highlight=False, markup=True)
+            console.print(
+                f"cheapest grid with a φ width ≤ {target:g}: [bold]{escape(best.name)}[/] "
+                f"({best.n_runs} runs, {best.cost_flops:.3g} FLOPs, width {best.sampling_width:.3f})",
+                highlight=False,
+                markup=True,
+            )
     n_search = sum(r.n_runs for r in rows) * search_sims
-    console.print(f"design: {wall:.1f} s ({res.sims} simulated studies of {res.n_runs} runs"
-                  + (f", {count(n_search)} simulated runs in the search" if rows else "") + ")", highlight=False)
+    console.print(
+        f"design: {wall:.1f} s ({res.sims} simulated studies of {res.n_runs} runs"
+        + (f", {count(n_search)} simulated runs in the search" if rows else "")
+        + ")",
+        highlight=False,
+    )

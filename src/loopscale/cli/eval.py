@@ -63,8 +63,7 @@ def _list_tasks() -> None:
         table.add_column(c)
     for t in REGISTRY.values():
         where = t.about + (f" [{t.benchmark.files[0]}]" if t.benchmark else "")
-        table.add_row(t.name, t.axis + (" (control)" if t.control else ""), t.source, str(t.shots), t.accuracy,
-                      where)
+        table.add_row(t.name, t.axis + (" (control)" if t.control else ""), t.source, str(t.shots), t.accuracy, where)
     console.print(table)
     console.print("groups: " + "; ".join(f"{g} ({len(v)} tasks)" for g, v in GROUPS.items()))
 
@@ -72,8 +71,9 @@ def _list_tasks() -> None:
 def _print_run(out: dict[str, Any]) -> None:
     ref = out["runs"][0]
     results = out["results"][ref.run_id]
-    table = Table(title=f"{ref.run_id} - r = {ref.r}, d = {ref.d_model}, val_loss {_f(ref.val_loss)}; "
-                        "loss in nats per gold token")
+    table = Table(
+        title=f"{ref.run_id} - r = {ref.r}, d = {ref.d_model}, val_loss {_f(ref.val_loss)}; loss in nats per gold token"
+    )
     table.add_column("axis")
     table.add_column("task")
     for res in results:
@@ -101,8 +101,10 @@ def _print_run(out: dict[str, Any]) -> None:
     console.print(table)
     gaps = [(res.r, res.knowledge_gap()) for res in results if res.knowledge_gap() is not None]
     if gaps:
-        console.print("knowledge gap (unseen - seen closed-book loss): "
-                      + ", ".join(f"r={r}: {g:+.3f}" for r, g in gaps), highlight=False)
+        console.print(
+            "knowledge gap (unseen - seen closed-book loss): " + ", ".join(f"r={r}: {g:+.3f}" for r, g in gaps),
+            highlight=False,
+        )
 
 
 def _print_sweep(out: dict[str, Any]) -> None:
@@ -110,21 +112,36 @@ def _print_sweep(out: dict[str, Any]) -> None:
     for c in ("variant", "C", "r", "d", "r_eval", "val_loss", *AXES, "overall", "gap"):
         table.add_column(c, justify="right")
     for s in out["summary"]:
-        axes = [f"{_f(s.get(f'loss_{a}'))} ({_f(s.get(f'acc_{a}'), 2)})" if s.get(f"loss_{a}") is not None else "-"
-                for a in AXES]
-        table.add_row(str(s["variant"]), f"{s['C']:.3g}" if s["C"] is not None else "-", str(s["r"]),
-                      str(s["d_model"]), str(s["r_eval"]), _f(s["val_loss"]), *axes,
-                      f"{_f(s['loss_overall'])} ({_f(s['acc_overall'], 2)})", _f(s["knowledge_gap"]))
+        axes = [
+            f"{_f(s.get(f'loss_{a}'))} ({_f(s.get(f'acc_{a}'), 2)})" if s.get(f"loss_{a}") is not None else "-"
+            for a in AXES
+        ]
+        table.add_row(
+            str(s["variant"]),
+            f"{s['C']:.3g}" if s["C"] is not None else "-",
+            str(s["r"]),
+            str(s["d_model"]),
+            str(s["r_eval"]),
+            _f(s["val_loss"]),
+            *axes,
+            f"{_f(s['loss_overall'])} ({_f(s['acc_overall'], 2)})",
+            _f(s["knowledge_gap"]),
+        )
     console.print(table)
 
 
 @app.command("eval")
 def eval_(
     path: Path | None = typer.Argument(None, help="A run dir (or its model.safetensors), or a sweep dir."),
-    tasks: str = typer.Option("world", "--tasks", "-t", help="Tasks or groups, comma-separated: world, "
-                              "benchmarks, paper, all, or names (loopscale eval --list)."),
-    r: list[str] = typer.Option([], "--r", help="Extra test-time recurrences, e.g. --r 1,2,4,8 (the training r "
-                                "is always evaluated)."),
+    tasks: str = typer.Option(
+        "world",
+        "--tasks",
+        "-t",
+        help="Tasks or groups, comma-separated: world, benchmarks, paper, all, or names (loopscale eval --list).",
+    ),
+    r: list[str] = typer.Option(
+        [], "--r", help="Extra test-time recurrences, e.g. --r 1,2,4,8 (the training r is always evaluated)."
+    ),
     all_runs: bool = typer.Option(False, "--all", help="Sweep: every finished run, not only the best per cell."),
     data_dir: Path | None = typer.Option(None, "--data-dir", help="Folder with the real benchmark files."),
     shots: list[str] = typer.Option([], "--shots", help="Few-shot k: one number, or TASK=K (repeatable)."),
@@ -132,8 +149,9 @@ def eval_(
     batch_size: int = typer.Option(32, "--batch-size", "-b", min=1, help="Sequences per forward pass."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Folder for axes.csv / axes_summary.csv "
-                                    "(default: PATH)."),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Folder for axes.csv / axes_summary.csv (default: PATH)."
+    ),
     force: bool = typer.Option(False, "--force", help="Recompute, ignoring the per-run caches in <run>/eval/."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary rows as JSON."),
     list_tasks: bool = typer.Option(False, "--list", help="List the tasks and groups, then exit."),
@@ -154,9 +172,14 @@ def eval_(
     from loopscale.eval.runs import evaluate_path
 
     r_values = _ints(r, "--r")
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                        TextColumn("{task.completed}/{task.total}"), TimeRemainingColumn(), console=err_console,
-                        transient=True)
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeRemainingColumn(),
+        console=err_console,
+        transient=True,
+    )
     bars: dict[str, Any] = {}
     live = err_console.is_terminal  # bars on a terminal; plain lines in a log file or a pipe
     shown: dict[str, int] = {}
@@ -178,13 +201,28 @@ def eval_(
     def on_run(ref: Any, i: int, n: int) -> None:
         if n > 1:
             c = f"{ref.C:.3g}" if ref.C is not None else "-"
-            progress.console.print(f"[{i + 1}/{n}] {ref.run_id} (C={c}, r={ref.r}, d={ref.d_model})",
-                                   highlight=False, markup=False)
+            progress.console.print(
+                f"[{i + 1}/{n}] {ref.run_id} (C={c}, r={ref.r}, d={ref.d_model})", highlight=False, markup=False
+            )
 
     with progress:
-        result = evaluate_path(path, tasks, r_values=r_values, all_runs=all_runs, out_dir=out, data_dir=data_dir,
-                               shots=_shots(shots), limit=limit, batch_size=batch_size, device=device,
-                               dtype=dtype, use_cache=not force, progress=on_progress, on_run=on_run, log=log)
+        result = evaluate_path(
+            path,
+            tasks,
+            r_values=r_values,
+            all_runs=all_runs,
+            out_dir=out,
+            data_dir=data_dir,
+            shots=_shots(shots),
+            limit=limit,
+            batch_size=batch_size,
+            device=device,
+            dtype=dtype,
+            use_cache=not force,
+            progress=on_progress,
+            on_run=on_run,
+            log=log,
+        )
     for note in result["notes"]:
         err_console.print(f"note: {note}", highlight=False)
     if as_json:
@@ -194,5 +232,4 @@ def eval_(
         _print_run(result)
     else:
         _print_sweep(result)
-    console.print(f"wrote {result['axes_csv']} and {result['summary_csv']}",
-                  highlight=False)
+    console.print(f"wrote {result['axes_csv']} and {result['summary_csv']}", highlight=False)

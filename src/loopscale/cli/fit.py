@@ -32,35 +32,67 @@ DEFAULTS = FitSettings(template={}, law_variants=())
 
 @app.command()
 def fit(
-    runs: list[Path] = typer.Argument(..., help="Runs table (CSV/Parquet) or sweep dir (runs.csv or */result.json); "
-                                      "several are fitted as one (e.g. one sweep per seed)."),
-    seed_means: bool = typer.Option(False, "--seed-means", help="Fit the mean loss of each design point over its "
-                                    "seeds, not every run as a point."),
-    bootstrap: int = typer.Option(DEFAULTS.bootstrap, "--bootstrap", "-b", help="Block-bootstrap resamples for the "
-                                  "secondary percentile intervals (0: off)."),
-    lr_draws: int = typer.Option(DEFAULTS.lr_draws, "--lr-draws", help="Wild-bootstrap tables calibrating φ's and Δφ's "
-                                 "profile-likelihood intervals and tests (0: off; docs/fit.md, 'Inference')."),
+    runs: list[Path] = typer.Argument(
+        ...,
+        help="Runs table (CSV/Parquet) or sweep dir (runs.csv or */result.json); "
+        "several are fitted as one (e.g. one sweep per seed).",
+    ),
+    seed_means: bool = typer.Option(
+        False, "--seed-means", help="Fit the mean loss of each design point over its seeds, not every run as a point."
+    ),
+    bootstrap: int = typer.Option(
+        DEFAULTS.bootstrap,
+        "--bootstrap",
+        "-b",
+        help="Block-bootstrap resamples for the secondary percentile intervals (0: off).",
+    ),
+    lr_draws: int = typer.Option(
+        DEFAULTS.lr_draws,
+        "--lr-draws",
+        help="Wild-bootstrap tables calibrating φ's and Δφ's "
+        "profile-likelihood intervals and tests (0: off; docs/fit.md, 'Inference').",
+    ),
     restarts: int = typer.Option(DEFAULTS.restarts, "--restarts", help="Random starts in the paper's box."),
     variant: list[str] = typer.Option([], "--variant", "-v", help="Variant(s) to fit (default: all)."),
-    r1_from: str | None = typer.Option(None, "--r1-from", help="Also fit each variant V as V@CONTROL, against "
-                                       "this variant's r = 1 runs (loop-of-one controls, model.r1_looped)."),
-    only_r: list[int] = typer.Option([], "--r", help="Fit only runs with these r (repeat: --r 2 --r 4 --r 8 fits "
-                                     "phi among looped models, without the r = 1 baseline)."),
+    r1_from: str | None = typer.Option(
+        None,
+        "--r1-from",
+        help="Also fit each variant V as V@CONTROL, against "
+        "this variant's r = 1 runs (loop-of-one controls, model.r1_looped).",
+    ),
+    only_r: list[int] = typer.Option(
+        [],
+        "--r",
+        help="Fit only runs with these r (repeat: --r 2 --r 4 --r 8 fits "
+        "phi among looped models, without the r = 1 baseline).",
+    ),
     reference: str | None = typer.Option(None, "--reference", help="Delta-phi reference (default: baseline)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Fit file (default: fit.json beside RUNS)."),
-    loss: str | None = typer.Option(None, "--loss", help=escape(
-        "Objective: huber (the paper's) or mse (default: the sweep's [fit] table, else huber).")),
-    delta: float | None = typer.Option(None, "--delta", help=escape(
-        "Huber delta (summed Huber in log space; default: the sweep's [fit] table, else 1e-3).")),
+    loss: str | None = typer.Option(
+        None,
+        "--loss",
+        help=escape("Objective: huber (the paper's) or mse (default: the sweep's [fit] table, else huber)."),
+    ),
+    delta: float | None = typer.Option(
+        None,
+        "--delta",
+        help=escape("Huber delta (summed Huber in log space; default: the sweep's [fit] table, else 1e-3)."),
+    ),
     phi_min: float = typer.Option(DEFAULTS.phi_bounds[0], "--phi-min", help="Lower bound of phi."),
     phi_max: float = typer.Option(DEFAULTS.phi_bounds[1], "--phi-max", help="Upper bound of phi."),
     fix_phi: float | None = typer.Option(None, "--fix-phi", help="Fit with phi fixed to this value."),
     restricted: bool = typer.Option(True, "--restricted/--no-restricted", help="Also fit phi = 0 and phi = 1."),
     per_r: bool = typer.Option(True, "--per-r/--no-per-r", help="Also fit Chinchilla's law per r."),
-    law_variants: bool = typer.Option(True, "--law-variants/--no-law-variants", help="Also fit the law variants "
-                                      "(loop_tax: a loss factor on looped runs, its own phi), compared held out."),
-    compare: str | None = typer.Option(None, "--compare", help="Test phi, alpha, beta against 'paper' or a "
-                                       "fit file (bootstrap p-value and interval of the difference)."),
+    law_variants: bool = typer.Option(
+        True,
+        "--law-variants/--no-law-variants",
+        help="Also fit the law variants (loop_tax: a loss factor on looped runs, its own phi), compared held out.",
+    ),
+    compare: str | None = typer.Option(
+        None,
+        "--compare",
+        help="Test phi, alpha, beta against 'paper' or a fit file (bootstrap p-value and interval of the difference).",
+    ),
     checks: bool = typer.Option(True, "--checks/--no-checks", help="Extrapolation, leave-one-r-out, half split."),
     ci: float = typer.Option(DEFAULTS.ci_level, "--ci", help="Confidence level of the percentile CIs."),
     seed: int = typer.Option(DEFAULTS.seed, "--seed", help="Seed of the random starts and resamples."),
@@ -73,11 +105,25 @@ def fit(
 
     law_switch: dict[str, Any] = {} if law_variants else {"law_variants": ()}
     prepared = prepare_fit(
-        runs, seed_means=seed_means, r1_from=r1_from, only_r=only_r, template_overrides=set_,
-        loss=loss, delta=delta, phi_bounds=(phi_min, phi_max), fixed_phi=fix_phi, restarts=restarts,
-        bootstrap=bootstrap, lr_draws=lr_draws, ci_level=ci, seed=seed,
-        restricted=DEFAULTS.restricted if restricted else (), per_r=per_r, checks=checks,
-        variants=list(variant) or None, reference_variant=reference,
+        runs,
+        seed_means=seed_means,
+        r1_from=r1_from,
+        only_r=only_r,
+        template_overrides=set_,
+        loss=loss,
+        delta=delta,
+        phi_bounds=(phi_min, phi_max),
+        fixed_phi=fix_phi,
+        restarts=restarts,
+        bootstrap=bootstrap,
+        lr_draws=lr_draws,
+        ci_level=ci,
+        seed=seed,
+        restricted=DEFAULTS.restricted if restricted else (),
+        per_r=per_r,
+        checks=checks,
+        variants=list(variant) or None,
+        reference_variant=reference,
         **law_switch,
     )
     for note in prepared.notes:
@@ -109,8 +155,7 @@ def fit(
     for w in result.warnings:
         loud = "NOT identifiable" in w or "POORLY" in w or "did not converge" in w
         err_console.print(
-            f"[bold {'red' if loud else 'yellow'}]warning:[/] {escape(w)}", markup=True, highlight=False,
-            soft_wrap=True
+            f"[bold {'red' if loud else 'yellow'}]warning:[/] {escape(w)}", markup=True, highlight=False, soft_wrap=True
         )
     err_console.print(f"fit file: {path}  ({result.wall_s:.1f} s)")
 
@@ -123,8 +168,9 @@ def _hint_seed_means(table: Any, bootstrap: int) -> None:
     """Large tables: say what to expect, and that averaging seeds first is far cheaper."""
     df = table.df
     points = len(df.groupby(["variant", "r", "N_once", "N_rec", "D"], sort=False))
-    msg = (f"{len(df)} runs: the fit polishes every bootstrap refit on all of them ({bootstrap} resamples), "
-           "progress below")
+    msg = (
+        f"{len(df)} runs: the fit polishes every bootstrap refit on all of them ({bootstrap} resamples), progress below"
+    )
     if points < len(df):
         msg += f"; --seed-means fits the {points} design points' mean losses instead (much faster)"
     err_console.print(msg, highlight=False)
@@ -154,8 +200,9 @@ def _print_verdicts(result: FitResult) -> None:
     """The same verdict the report shows: "resolved" or "not resolved, because ..."."""
     for name, v in _verdicts(result).items():
         colour = "green" if v.resolved else "bold red"
-        console.print(f"[{colour}]{escape(name)}: {escape(_phi_line(v))}[/]", highlight=False, soft_wrap=True,
-                      markup=True)
+        console.print(
+            f"[{colour}]{escape(name)}: {escape(_phi_line(v))}[/]", highlight=False, soft_wrap=True, markup=True
+        )
         if v.ci is not None:
             console.print(f"  interval: {escape(v.method)}, {v.ci_level:.0%}", highlight=False, soft_wrap=True)
         for c in v.claims:
@@ -167,17 +214,33 @@ def _print_verdicts(result: FitResult) -> None:
 def _print_compare(cmp: dict[str, Any], style: box.Box) -> None:
     t = Table(title=f"consistency with {cmp['reference']} ({cmp['variant']}, bootstrap)", box=style)
     level = f"{100 * cmp['level']:.0f}%"
-    for c in ("quantity", "fitted", f"{level} CI", "reference", "difference", f"{level} CI of difference",
-              "p-value", "consistent", "p (calibrated, = ref value)"):
+    for c in (
+        "quantity",
+        "fitted",
+        f"{level} CI",
+        "reference",
+        "difference",
+        f"{level} CI of difference",
+        "p-value",
+        "consistent",
+        "p (calibrated, = ref value)",
+    ):
         t.add_column(c, justify="right")
     for row in cmp["rows"]:
         ref = num(row["reference"]) + (f" {interval(row['reference_ci'])}" if row["reference_ci"] else "")
         cons = MISSING if row["consistent"] is None else ("yes" if row["consistent"] else "NO")
         pc = row.get("p_calibrated")
-        t.add_row(row["quantity"], num(row["fitted"]), interval(row["fitted_ci"]), ref,
-                  signed(row["difference"]), interval(row["difference_ci"]),
-                  MISSING if row["p_value"] is None else f"{row['p_value']:.3f}", cons,
-                  MISSING if pc is None else f"{pc:.3g}")
+        t.add_row(
+            row["quantity"],
+            num(row["fitted"]),
+            interval(row["fitted_ci"]),
+            ref,
+            signed(row["difference"]),
+            interval(row["difference_ci"]),
+            MISSING if row["p_value"] is None else f"{row['p_value']:.3f}",
+            cons,
+            MISSING if pc is None else f"{pc:.3g}",
+        )
     console.print(t)
 
 
@@ -196,13 +259,17 @@ def _summary(res: FitResult) -> dict[str, Any]:
             "rmse": v.metrics.rmse,
             "rmse_per_r": v.metrics.rmse_per_r,
             "restricted_r2": {k: x["r2"] for k, x in v.restricted.items()},
-            "held_out": {"free": v.checks.held_out if v.checks else None,
-                         **{k: x.get("held_out") for k, x in v.restricted.items()}},
+            "held_out": {
+                "free": v.checks.held_out if v.checks else None,
+                **{k: x.get("held_out") for k, x in v.restricted.items()},
+            },
             "converged": v.law.converged,
             "at_bounds": v.law.at_bounds,
             "verdict": phi_verdict(res, name).as_dict(),
-            "law_variants": {k: {key: x.get(key) for key in ("phi", "kappa", "r2", "rmse", "held_out")}
-                             for k, x in v.law_variants.items()},
+            "law_variants": {
+                k: {key: x.get(key) for key in ("phi", "kappa", "r2", "rmse", "held_out")}
+                for k, x in v.law_variants.items()
+            },
         }
         out["variants"][name]["held_out"].update({k: x.get("held_out") for k, x in v.law_variants.items()})
     for d in res.delta_phi:
@@ -244,12 +311,17 @@ def _print_fit(res: FitResult, markdown: bool) -> None:
         for key, lv in rec.law_variants.items():
             factor = "" if lv.get("kappa") is None else f", looped-loss factor 1{lv['kappa']:+.3f}"
             t.add_row(f"R^2 {key}", num(lv["r2"]), f"RMSE {lv['rmse']:.4f}; phi {phi_txt(lv['phi'])}{factor}")
-        for label, ho in (("free", rec.checks.held_out if rec.checks else None),
-                          *((k, rf.get("held_out")) for k, rf in rec.restricted.items()),
-                          *((k, lv.get("held_out")) for k, lv in rec.law_variants.items())):
+        for label, ho in (
+            ("free", rec.checks.held_out if rec.checks else None),
+            *((k, rf.get("held_out")) for k, rf in rec.restricted.items()),
+            *((k, lv.get("held_out")) for k, lv in rec.law_variants.items()),
+        ):
             if ho:
-                t.add_row(f"held-out RMSE {label}", num(ho["extrapolation_rmse"]),
-                          f"top budget; leave-one-r-out {num(ho['leave_one_r_out_rmse'])}")
+                t.add_row(
+                    f"held-out RMSE {label}",
+                    num(ho["extrapolation_rmse"]),
+                    f"top budget; leave-one-r-out {num(ho['leave_one_r_out_rmse'])}",
+                )
         for r, cf in rec.per_r.items():
             t.add_row(
                 f"R^2 Chinchilla r={r}",
@@ -276,8 +348,7 @@ def _print_fit(res: FitResult, markdown: bool) -> None:
         console.print(t)
     _print_frontier(res, style, level)
     if res.delta_phi:
-        t = Table(title="Delta-phi (variant - reference): profile interval and test, paired wild bootstrap",
-                  box=style)
+        t = Table(title="Delta-phi (variant - reference): profile interval and test, paired wild bootstrap", box=style)
         for c in ("variant", "reference", "Delta-phi", level, "p (Delta-phi = 0)", "block bootstrap"):
             t.add_column(c, justify="right")
         for d in res.delta_phi:
@@ -285,9 +356,14 @@ def _print_fit(res: FitResult, markdown: bool) -> None:
             test = (inf.get("tests") or {}).get("delta_phi=0") or {}
             p_txt = MISSING if test.get("p") is None else f"{test['p']:.3g}"
             sec = (inf.get("secondary") or {}).get("ci") if inf else d["ci"]
-            t.add_row(d["variant"], d["reference"], signed(d["delta_phi"], PHI_DIGITS),
-                      interval(d["ci"], PHI_DIGITS, is_signed=True) if inf else MISSING, p_txt,
-                      interval(sec, PHI_DIGITS, is_signed=True) if sec else MISSING)
+            t.add_row(
+                d["variant"],
+                d["reference"],
+                signed(d["delta_phi"], PHI_DIGITS),
+                interval(d["ci"], PHI_DIGITS, is_signed=True) if inf else MISSING,
+                p_txt,
+                interval(sec, PHI_DIGITS, is_signed=True) if sec else MISSING,
+            )
         console.print(t)
 
 
@@ -329,8 +405,9 @@ def plan(
     variant: str | None = typer.Option(None, "--variant", help="Variant of the fit file (default: reference)."),
     r: list[int] = typer.Option([], "--r", help="Recurrences to plan (default: 1 2 4 8)."),
     set_: list[str] = typer.Option([], "--set", help="Template override, e.g. model.seq_len=1024"),
-    tokens_per_step: int | None = typer.Option(None, help="Global batch in tokens (default: the fit's runs', "
-                                               "else the paper's 2^18)."),
+    tokens_per_step: int | None = typer.Option(
+        None, help="Global batch in tokens (default: the fit's runs', else the paper's 2^18)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Recommend (r, width, tokens) per r at budget C, with the predicted loss and its CI."""
@@ -348,8 +425,9 @@ def plan(
     if not (budget > 0 and math.isfinite(budget)):
         raise ConfigError("--budget", "expected a positive, finite FLOP budget, e.g. 1e19", value=budget)
     if tokens_per_step is not None and tokens_per_step < 1:
-        raise ConfigError("--tokens-per-step", "expected a positive global batch in tokens, e.g. 524288",
-                          value=tokens_per_step)
+        raise ConfigError(
+            "--tokens-per-step", "expected a positive global batch in tokens, e.g. 524288", value=tokens_per_step
+        )
     if (fit_file is None) == (not paper):
         raise ConfigError("--fit", "give exactly one of --fit FIT or --paper")
     verdict = None
@@ -375,9 +453,12 @@ def plan(
         verdict = phi_verdict(doc, name)
     outside = sorted(x for x in set(r) if not min(fitted_rs) <= x <= max(fitted_rs))
     if outside:
-        raise ConfigError("--r", f"outside the range of r the law was fitted on ({min(fitted_rs)}-{max(fitted_rs)}: "
-                          f"r = {', '.join(map(str, fitted_rs))}); the fit says nothing about r = "
-                          + ", ".join(map(str, outside)), value=outside)
+        raise ConfigError(
+            "--r",
+            f"outside the range of r the law was fitted on ({min(fitted_rs)}-{max(fitted_rs)}: "
+            f"r = {', '.join(map(str, fitted_rs))}); the fit says nothing about r = " + ", ".join(map(str, outside)),
+            value=outside,
+        )
     from loopscale.fit.prepare import template_with
 
     template = template_with(base, set_, source="--set")
@@ -395,10 +476,20 @@ def plan(
     if as_json:
         from loopscale.fit.fitfile import json_ready
 
-        console.print_json(json.dumps(json_ready({"budget": budget, "source": src, "template": template,
-                                              "tokens_per_step": int(tokens_per_step or tps),
-                                              "verdict": None if verdict is None else verdict.as_dict(),
-                                              "plan": rows})))
+        console.print_json(
+            json.dumps(
+                json_ready(
+                    {
+                        "budget": budget,
+                        "source": src,
+                        "template": template,
+                        "tokens_per_step": int(tokens_per_step or tps),
+                        "verdict": None if verdict is None else verdict.as_dict(),
+                        "plan": rows,
+                    }
+                )
+            )
+        )
         return
     phi_shown = MISSING if law.phi_undetermined else phi_txt(law.phi_)
     t = Table(
@@ -443,8 +534,9 @@ def plan(
         colour = "green" if verdict.resolved else "bold red"
         console.print(f"[{colour}]{escape(_phi_line(verdict))}[/]", highlight=False, soft_wrap=True, markup=True)
         if not verdict.resolved:
-            console.print("the looped rows rest on a φ the fit does not pin down; treat their losses as "
-                          "unknown", highlight=False)
+            console.print(
+                "the looped rows rest on a φ the fit does not pin down; treat their losses as unknown", highlight=False
+            )
     kinds = {row["ci_kind"] for row in rows if row["ci_kind"]}
     if kinds:
         console.print(f"CI: {', '.join(sorted(kinds))}", highlight=False)

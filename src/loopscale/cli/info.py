@@ -20,8 +20,7 @@ def _rows_for_grid(grid: str) -> list[accounting.Accounting]:
     if grid != "paper":
         from loopscale.errors import ConfigError
 
-        raise ConfigError("--grid", "unknown grid; expected 'paper' (sweep specs: loopscale sweep plan)",
-                          value=grid)
+        raise ConfigError("--grid", "unknown grid; expected 'paper' (sweep specs: loopscale sweep plan)", value=grid)
     out = []
     for c, s, r in grids.paper_grid():
         cfg = ModelConfig(**grids.paper_model(s, r))  # type: ignore[arg-type]  # r = 1: the paper's loop of one
@@ -39,13 +38,15 @@ def _probe_table() -> Table:
     table.add_column("runs", justify="right")
     base = [" ".join(map(str, grids.PAPER_WIDTHS[c])) for c in grids.PAPER_BUDGETS]
     n_base = len(grids.paper_grid())
-    table.add_row("baseline", ",".join(map(str, grids.PAPER_R)), *base,
-                  f"{n_base} ({n_base // len(grids.PAPER_R)} per r)")
+    table.add_row(
+        "baseline", ",".join(map(str, grids.PAPER_R)), *base, f"{n_base} ({n_base // len(grids.PAPER_R)} per r)"
+    )
     for probe, added in grids.PAPER_PROBE_WIDTHS.items():
         cells = ["+" + " +".join(map(str, added[c])) if c in added else "-" for c in grids.PAPER_BUDGETS]
         n = len(grids.probe_grid(probe))
-        table.add_row(probe, ",".join(map(str, grids.PAPER_PROBE_R)), *cells,
-                      f"{n} ({n // len(grids.PAPER_PROBE_R)} per r)")
+        table.add_row(
+            probe, ",".join(map(str, grids.PAPER_PROBE_R)), *cells, f"{n} ({n // len(grids.PAPER_PROBE_R)} per r)"
+        )
     return table
 
 
@@ -93,27 +94,40 @@ def _lr_fields(tcfg: Any) -> dict[str, Any]:
     from loopscale.optim.transfer import tokens_ref, transfer_factors
 
     m = tcfg.model
-    f = transfer_factors(tcfg.optim, d_model=m.width, tokens_per_step=tcfg.tokens_per_step,
-                         total_tokens=tcfg.lr_tokens(), r=m.r)
-    return {"lrs": tcfg.lrs(), "lr_factors": f, "lr_tokens": tcfg.lr_tokens(),
-            "D_ref": tokens_ref(tcfg.optim, m.r), "tokens_per_step": tcfg.tokens_per_step,
-            "steps": tcfg.total_steps()}
+    f = transfer_factors(
+        tcfg.optim, d_model=m.width, tokens_per_step=tcfg.tokens_per_step, total_tokens=tcfg.lr_tokens(), r=m.r
+    )
+    return {
+        "lrs": tcfg.lrs(),
+        "lr_factors": f,
+        "lr_tokens": tcfg.lr_tokens(),
+        "D_ref": tokens_ref(tcfg.optim, m.r),
+        "tokens_per_step": tcfg.tokens_per_step,
+        "steps": tcfg.total_steps(),
+    }
 
 
 def _lr_table(fields: dict[str, Any], optim: Any) -> Table:
     f = fields["lr_factors"]
-    table = Table(title="learning rates: peak per optimiser group (docs/optim.md)",
-                  caption=f"B = {fields['tokens_per_step']:,} tokens/step, D = {fields['lr_tokens']:.6g}, "
-                  f"D_ref = {fields['D_ref']:.6g}; {fields['steps']:,} steps, {optim.schedule} to "
-                  f"{optim.final_lr_frac:g} x peak")
+    table = Table(
+        title="learning rates: peak per optimiser group (docs/optim.md)",
+        caption=f"B = {fields['tokens_per_step']:,} tokens/step, D = {fields['lr_tokens']:.6g}, "
+        f"D_ref = {fields['D_ref']:.6g}; {fields['steps']:,} steps, {optim.schedule} to "
+        f"{optim.final_lr_frac:g} x peak",
+    )
     for c in ("group", "lr", "x width", "x batch", "x data", "x lr_scale"):
         table.add_column(c, justify="left" if c == "group" else "right")
     batch_scaled = ("matrix", "embed", "head")
     for group, lr in fields["lrs"].items():
         adamw = group != "matrix" or optim.name == "adamw"
-        table.add_row(group, f"{lr:.6g}", f"{f['width']:.4g}" if adamw else "-",
-                      f"{f['batch']:.4g}" if group in batch_scaled else "-",
-                      f"{f['data']:.4g}" if group == "matrix" else "-", f"{optim.lr_scale:g}")
+        table.add_row(
+            group,
+            f"{lr:.6g}",
+            f"{f['width']:.4g}" if adamw else "-",
+            f"{f['batch']:.4g}" if group in batch_scaled else "-",
+            f"{f['data']:.4g}" if group == "matrix" else "-",
+            f"{optim.lr_scale:g}",
+        )
     return table
 
 
@@ -124,7 +138,8 @@ def info(
     grid: str | None = typer.Option(None, "--grid", help="Whole grid: 'paper' (116 runs, and the probes' widths)."),
     budget: float | None = typer.Option(None, "--budget", "-C", help="FLOP budget C for tokens D = C/F."),
     tokens_per_step: int | None = typer.Option(
-        None, help="Global batch in tokens (default: the config's run.batch_size x seq_len, else 2^18)."),
+        None, help="Global batch in tokens (default: the config's run.batch_size x seq_len, else 2^18)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Print the layout, N_once / N_rec / N_emb, FLOPs per token, tokens for a budget and the run's learning rates.
@@ -137,8 +152,14 @@ def info(
     tcfg = None
     if grid:
         rows = _rows_for_grid(grid)
-        lr_rows = [_lr_fields(_train_config({"model": grids.paper_model(a.d_model // 64, a.r)}, a.budget,
-                                            tokens_per_step, "--grid paper")) for a in rows]
+        lr_rows = [
+            _lr_fields(
+                _train_config(
+                    {"model": grids.paper_model(a.d_model // 64, a.r)}, a.budget, tokens_per_step, "--grid paper"
+                )
+            )
+            for a in rows
+        ]
     elif config is not None:  # the run `loopscale train CONFIG` would train: the same loader, the same defaults
         tcfg = config_run(config, set_, budget, tokens_per_step)
         cfg = tcfg.model
@@ -153,8 +174,7 @@ def info(
         if not isinstance(data["model"], dict):
             from loopscale.errors import ConfigError
 
-            raise ConfigError("model", "expected a table (--set model.KEY=VALUE)", value=data["model"],
-                              source="--set")
+            raise ConfigError("model", "expected a table (--set model.KEY=VALUE)", value=data["model"], source="--set")
         cfg = validate(ModelConfig, data["model"], source="--set", prefix="model")
         run: dict[str, Any] = data["run"] if isinstance(data.get("run"), dict) else {}
         if budget is not None or any(k in run for k in ("budget", "tokens", "steps")):
@@ -173,15 +193,34 @@ def info(
         console.print_json(json.dumps([{**r.as_dict(), **(lr or {})} for r, lr in zip(rows, lr_rows, strict=True)]))
         return
     table = Table(title=f"loopscale accounting{' - paper grid, ' + str(len(rows)) + ' runs' if grid else ''}")
-    cols = ["C", "d", "r", "layout", "N_once", "N_rec", "N (Table 6)", "N_emb", "F/token", "attn",
-            "D", "D/N", "steps"] + (["lr matrix", "lr embed"] if grid else [])
+    cols = [
+        "C",
+        "d",
+        "r",
+        "layout",
+        "N_once",
+        "N_rec",
+        "N (Table 6)",
+        "N_emb",
+        "F/token",
+        "attn",
+        "D",
+        "D/N",
+        "steps",
+    ] + (["lr matrix", "lr embed"] if grid else [])
     for c in cols:
         table.add_column(c, justify="right")
     for a, lr in zip(rows, lr_rows, strict=True):
         table.add_row(
             flops(a.budget) if a.budget else "-",
-            str(a.d_model), str(a.r), a.layout, count(a.N_once), count(a.N_rec),
-            count(a.N_unique + a.N_norm), count(a.N_emb), f"{a.flops_per_token:.4g}",
+            str(a.d_model),
+            str(a.r),
+            a.layout,
+            count(a.N_once),
+            count(a.N_rec),
+            count(a.N_unique + a.N_norm),
+            count(a.N_emb),
+            f"{a.flops_per_token:.4g}",
             f"{a.attention_share:.0%}",
             count(a.tokens) if a.tokens else "-",
             f"{a.tokens_per_param:.1f}" if a.tokens_per_param else "-",

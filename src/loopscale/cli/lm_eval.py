@@ -32,8 +32,9 @@ def lm_eval_argv(args: list[str], *, cuda: bool) -> list[str]:
     return argv
 
 
-@app.command("lm-eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
-                                          "help_option_names": []})
+@app.command(
+    "lm-eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+)
 def lm_eval_cmd(ctx: typer.Context) -> None:
     """lm-eval's CLI with --model loopscale available (pretrained=RUN_DIR, r=N); --device cpu without a GPU.
 
@@ -47,8 +48,9 @@ def lm_eval_cmd(ctx: typer.Context) -> None:
 
         import loopscale.eval.harness  # noqa: F401  (registers the "loopscale" model)
     except ImportError as exc:
-        raise ConfigError("lm-eval", f"needs the eval extra ({exc.name} is missing): "
-                          "pip install 'loopscale[eval]'") from None
+        raise ConfigError(
+            "lm-eval", f"needs the eval extra ({exc.name} is missing): pip install 'loopscale[eval]'"
+        ) from None
     argv = lm_eval_argv(list(ctx.args), cuda=torch.cuda.is_available())
     old_argv, old_error = sys.argv, argparse.ArgumentParser.error
     sys.argv = ["lm-eval", *argv]

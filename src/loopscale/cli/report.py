@@ -21,8 +21,9 @@ def report(
     axes: Path | None = typer.Option(None, "--axes", help="Axes table (default: axes.csv in the sweep dir)."),
     bootstrap: int | None = typer.Option(None, "--bootstrap", "-b", help="Resamples if the report fits (200)."),
     restarts: int | None = typer.Option(None, "--restarts", help="Random starts if the report fits (500)."),
-    lr_draws: int | None = typer.Option(None, "--lr-draws", help="Wild-bootstrap tables of φ's interval and "
-                                        "tests if the report fits (2000)."),
+    lr_draws: int | None = typer.Option(
+        None, "--lr-draws", help="Wild-bootstrap tables of φ's interval and tests if the report fits (2000)."
+    ),
 ) -> None:
     """Write the report: iso-FLOP curves, frontier, parity, residuals, phi, equivalence, axes, test time."""
     from loopscale.errors import ConfigError

@@ -32,6 +32,5 @@ def sample(
     dev = next(model.parameters()).device
     idx = torch.tensor([[tok.bos_id, *tok.encode(prompt)]], device=dev)
     gen = torch.Generator(device=dev).manual_seed(seed)
-    out = model.generate(idx, max_tokens, r=r, stop=tok.bos_id, temperature=temperature, top_k=top_k,
-                         generator=gen)
+    out = model.generate(idx, max_tokens, r=r, stop=tok.bos_id, temperature=temperature, top_k=top_k, generator=gen)
     console.print(printable(prompt + tok.decode(out[0].tolist())), highlight=False, soft_wrap=True)

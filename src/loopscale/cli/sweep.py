@@ -16,8 +16,7 @@ from rich.table import Table
 from loopscale.cli.app import app, console, err_console
 from loopscale.numbers import count, flops
 
-sweep_app = typer.Typer(help="Plan, run, resume and collect an iso-depth sweep (docs/sweep.md).",
-                        no_args_is_help=True)
+sweep_app = typer.Typer(help="Plan, run, resume and collect an iso-depth sweep (docs/sweep.md).", no_args_is_help=True)
 app.add_typer(sweep_app, name="sweep")
 
 SPEC_HELP = "Spec TOML, a sweep dir (its spec.toml) or a preset name (e.g. demo, paper)."
@@ -39,17 +38,25 @@ def plan(
     spec_arg: str = typer.Argument(..., metavar="SPEC", help=SPEC_HELP),
     set_: list[str] = typer.Option([], "--set", help="Dotted override of the spec, e.g. --set sweep.seeds=[0,1]"),
     variant: list[str] = typer.Option([], "--variant", "-v", help="Only these variants (r = 1 runs included)."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Sweep dir for the calibration cache "
-                                    "(default sweeps/<name>)."),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Sweep dir for the calibration cache (default sweeps/<name>)."
+    ),
     calibrate: bool = typer.Option(True, "--calibrate/--no-calibrate", help="Time a few steps per model shape."),
     calibrate_s: float = typer.Option(60.0, "--calibrate-s", help="Time budget of the calibration (seconds)."),
-    slots: int | None = typer.Option(None, "--slots", min=1, help=escape(
-        "CPU runs at once, as `sweep run --slots` (default: cores // run.threads, or [local] slots).")),
+    slots: int | None = typer.Option(
+        None,
+        "--slots",
+        min=1,
+        help=escape("CPU runs at once, as `sweep run --slots` (default: cores // run.threads, or [local] slots)."),
+    ),
     flops_per_s: float | None = typer.Option(None, "--flops-per-s", help="Assume this FLOP/s per run instead."),
     csv: Path | None = typer.Option(None, "--csv", help="Also write the plan as CSV."),
     device_memory: str | None = typer.Option(
-        None, "--device-memory", help="Each run's GPU memory, e.g. 80GB or 79.6GiB: adds every run's micro-batch "
-        "and predicted peak memory (loopscale.memory). Default: this machine's GPU, if it has one."),
+        None,
+        "--device-memory",
+        help="Each run's GPU memory, e.g. 80GB or 79.6GiB: adds every run's micro-batch "
+        "and predicted peak memory (loopscale.memory). Default: this machine's GPU, if it has one.",
+    ),
 ) -> None:
     """Print every run (size, tokens, steps, estimated time) and the totals, with warnings; trains nothing."""
     from loopscale.cores import check_slots
@@ -64,9 +71,16 @@ def plan(
     if calibrate and not flops_per_s:
         cal = Calibration(root / "calibration.json")
     mem_bytes = _device_memory(device_memory)
-    p = make_plan(spec, variants=variant or None, calibration=cal, flops_per_s=flops_per_s, calibrate_s=calibrate_s,
-                  log=lambda m: err_console.print(m, style="dim", highlight=False), device_memory=mem_bytes,
-                  slots=slots or (spec.executors.get("local") or {}).get("slots"))
+    p = make_plan(
+        spec,
+        variants=variant or None,
+        calibration=cal,
+        flops_per_s=flops_per_s,
+        calibrate_s=calibrate_s,
+        log=lambda m: err_console.print(m, style="dim", highlight=False),
+        device_memory=mem_bytes,
+        slots=slots or (spec.executors.get("local") or {}).get("slots"),
+    )
     t = Table(box=box.SIMPLE_HEAD, title=f"sweep {spec.name}: {len(p.rows)} runs", title_justify="left")
     mem_cols = ("micro", "peak") if mem_bytes else ()
     cols = ("run", "C", "r", "d", "layout", "N_once", "N_rec", "tokens", "tok/param", "steps", *mem_cols, "est.", "")
@@ -76,10 +90,21 @@ def plan(
         rs = row.run
         peak = f"{row.peak_bytes / 1e9:.1f} GB" if row.peak_bytes else "-"
         mem: tuple[str, ...] = (str(row.micro_batch or "-"), peak) if mem_bytes else ()
-        t.add_row(rs.run_id, flops(rs.C), str(rs.r), str(rs.d_model), rs.config.model.layout, count(row.N_once),
-                  count(row.N_rec), count(row.tokens), f"{row.tokens_per_param:.3g}", str(row.steps), *mem,
-                  _dur(row.est_s) + ("*" if row.est_kind == "extrapolated" else ""),
-                  "!" if row.warnings else "")
+        t.add_row(
+            rs.run_id,
+            flops(rs.C),
+            str(rs.r),
+            str(rs.d_model),
+            rs.config.model.layout,
+            count(row.N_once),
+            count(row.N_rec),
+            count(row.tokens),
+            f"{row.tokens_per_param:.3g}",
+            str(row.steps),
+            *mem,
+            _dur(row.est_s) + ("*" if row.est_kind == "extrapolated" else ""),
+            "!" if row.warnings else "",
+        )
     console.print(t)
     warned = [row for row in p.rows if row.warnings]
     if warned:
@@ -88,18 +113,27 @@ def plan(
             for w in row.warnings:
                 console.print(f"  {row.run.run_id}: {w}", highlight=False, markup=False)
     per_variant = ", ".join(f"{k} {v}" for k, v in p.by_variant().items())
-    console.print(f"[bold]total:[/] {len(p.rows)} runs ({escape(per_variant)}), {p.total_flops:.4g} FLOPs, "
-                  f"{sum(r.tokens for r in p.rows):.4g} tokens", markup=True, highlight=False)
+    console.print(
+        f"[bold]total:[/] {len(p.rows)} runs ({escape(per_variant)}), {p.total_flops:.4g} FLOPs, "
+        f"{sum(r.tokens for r in p.rows):.4g} tokens",
+        markup=True,
+        highlight=False,
+    )
     if p.memory_note:
         console.print(f"[bold]memory:[/] {escape(p.memory_note)}", markup=True, highlight=False)
     if p.total_s is None and p.calibration_note:
         console.print(f"[bold]estimated time:[/] - ({escape(p.calibration_note)})", markup=True, highlight=False)
     if p.total_s is not None:
         star = "; * = extrapolated" if any(r.est_kind == "extrapolated" for r in p.rows) else ""
-        at_once = (f"{_dur(p.wall_s)} with {p.slots} runs at a time ({_dur(p.total_s)} of run time, each timed "
-                   "alone at its slot's threads)" if p.slots > 1 else f"{_dur(p.total_s)} one run at a time")
-        console.print(f"[bold]estimated time:[/] {at_once} ({escape(p.calibration_note + star)})", markup=True,
-                      highlight=False)
+        at_once = (
+            f"{_dur(p.wall_s)} with {p.slots} runs at a time ({_dur(p.total_s)} of run time, each timed "
+            "alone at its slot's threads)"
+            if p.slots > 1
+            else f"{_dur(p.total_s)} one run at a time"
+        )
+        console.print(
+            f"[bold]estimated time:[/] {at_once} ({escape(p.calibration_note + star)})", markup=True, highlight=False
+        )
     from loopscale.sweep import executor as executors
 
     for name, table in spec.executors.items():  # e.g. [slurm]: its GPU-hours
@@ -136,25 +170,42 @@ def run(
     out: Path | None = typer.Option(None, "--out", "-o", help="Sweep dir (default sweeps/<name>, or SPEC_OR_DIR)."),
     executor: str = typer.Option("local", "--executor", "-e", help="local or slurm (loopscale.sweep.executor)."),
     max_retries: int | None = typer.Option(None, "--max-retries", help="Retries of a failed run (default: spec)."),
-    isolate: bool = typer.Option(False, "--isolate",
-                                 help=escape("Each run in its own subprocess (or [local] isolate).")),
-    gpus: str | None = typer.Option(None, "--gpus", help="GPU ids for local slots, e.g. 0,1,2,3 (default: all); "
-                                    "positions in CUDA_VISIBLE_DEVICES when it is set."),
+    isolate: bool = typer.Option(
+        False, "--isolate", help=escape("Each run in its own subprocess (or [local] isolate).")
+    ),
+    gpus: str | None = typer.Option(
+        None,
+        "--gpus",
+        help="GPU ids for local slots, e.g. 0,1,2,3 (default: all); positions in CUDA_VISIBLE_DEVICES when it is set.",
+    ),
     nproc_per_run: int | None = typer.Option(None, "--nproc-per-run", help="torchrun processes (GPUs) per run."),
-    slots: int | None = typer.Option(None, "--slots", min=1, help=escape(
-        "CPU runs trained at once (default: cores // run.threads, or [local] slots; 1 = one at a time in "
-        "this process).")),
+    slots: int | None = typer.Option(
+        None,
+        "--slots",
+        min=1,
+        help=escape(
+            "CPU runs trained at once (default: cores // run.threads, or [local] slots; 1 = one at a time in "
+            "this process)."
+        ),
+    ),
     variant: list[str] = typer.Option([], "--variant", "-v", help="Only these variants (r = 1 runs included)."),
-    seed: list[int] = typer.Option([], "--seed", help="Only these seeds (repeat; one seed at a time leaves a "
-                                   "whole grid after each)."),
+    seed: list[int] = typer.Option(
+        [], "--seed", help="Only these seeds (repeat; one seed at a time leaves a whole grid after each)."
+    ),
     set_: list[str] = typer.Option([], "--set", help="Dotted override of the spec."),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Give failed runs a fresh set of retries."),
-    change_spec: bool = typer.Option(False, "--change-spec", help="Let SPEC replace the sweep dir's spec.toml (runs "
-                                     "another config started are still refused)."),
+    change_spec: bool = typer.Option(
+        False,
+        "--change-spec",
+        help="Let SPEC replace the sweep dir's spec.toml (runs another config started are still refused).",
+    ),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bars (one line per run)."),
     cluster: str = typer.Option("slurm", "--cluster", hidden=True, help="submitit backend: slurm, local, debug."),
-    resubmit_queued: bool = typer.Option(False, "--resubmit-queued", help="slurm: resubmit queued runs even "
-                                         "when squeue cannot confirm their job is gone."),
+    resubmit_queued: bool = typer.Option(
+        False,
+        "--resubmit-queued",
+        help="slurm: resubmit queued runs even when squeue cannot confirm their job is gone.",
+    ),
 ) -> None:
     """Run (or resume) the sweep: finished runs are skipped, interrupted ones resume, failed ones are retried."""
     from loopscale.cores import check_slots
@@ -179,12 +230,26 @@ def run(
     from loopscale.sweep import plan_row
 
     gpu_ids = [int(g) for g in gpus.split(",") if g.strip()] if gpus is not None else None
-    flags = {"isolate": isolate or None, "gpus": gpu_ids, "nproc_per_run": nproc_per_run, "slots": slots,
-             "cluster": cluster, "resubmit_queued": resubmit_queued or None}  # each executor takes its own
-    job = executors.SweepJob(name=spec.name, store=store, runs=runs,
-                             flops={rs.run_id: plan_row(rs, spec).flops for rs in runs}, max_retries=retries,
-                             console=err_console, table=spec.executors.get(executor, {}), source=spec.source,
-                             options=flags, progress=not no_progress)
+    flags = {
+        "isolate": isolate or None,
+        "gpus": gpu_ids,
+        "nproc_per_run": nproc_per_run,
+        "slots": slots,
+        "cluster": cluster,
+        "resubmit_queued": resubmit_queued or None,
+    }  # each executor takes its own
+    job = executors.SweepJob(
+        name=spec.name,
+        store=store,
+        runs=runs,
+        flops={rs.run_id: plan_row(rs, spec).flops for rs in runs},
+        max_retries=retries,
+        console=err_console,
+        table=spec.executors.get(executor, {}),
+        source=spec.source,
+        options=flags,
+        progress=not no_progress,
+    )
     chosen.launch(job)
 
 
@@ -244,8 +309,14 @@ def status(
                 note = f"{note}; {st.problem}" if note else st.problem
             total = rs.config.total_steps()
             step = res.get("steps", st.step)
-            t.add_row(rs.run_id, st.status, f"{step or 0}/{total}", f"{vl:.4f}" if vl is not None else "-",
-                      str(st.attempts.get("attempts", 0)), note)
+            t.add_row(
+                rs.run_id,
+                st.status,
+                f"{step or 0}/{total}",
+                f"{vl:.4f}" if vl is not None else "-",
+                str(st.attempts.get("attempts", 0)),
+                note,
+            )
     in_spec = {rs.run_id: rs for rs in spec.runs()}
     unreadable = store.unreadable_plans()
     for rid, problem in unreadable.items():  # not planned: its sweep.json cannot be read
@@ -256,9 +327,13 @@ def status(
         console.print(t)
     summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
     failed_note = f", {flops_failed:.3g} in failed runs" if flops_failed else ""
-    console.print(f"[bold]{escape(str(store.root))}:[/] {len(planned) + len(unreadable)} runs: {summary}; "
-                  f"{flops_done:.3g}/{flops_total:.3g} FLOPs done ({100 * flops_done / max(flops_total, 1):.0f}%)"
-                  f"{failed_note}", markup=True, highlight=False)
+    console.print(
+        f"[bold]{escape(str(store.root))}:[/] {len(planned) + len(unreadable)} runs: {summary}; "
+        f"{flops_done:.3g}/{flops_total:.3g} FLOPs done ({100 * flops_done / max(flops_total, 1):.0f}%)"
+        f"{failed_note}",
+        markup=True,
+        highlight=False,
+    )
 
 
 @sweep_app.command()
@@ -278,11 +353,14 @@ def collect(
     msg = ", ".join(f"{v} {k}" for k, v in by_status.items()) or "no results yet"
     console.print(f"{csv_path} and {pq_path}: {len(df)} runs ({msg})", highlight=False)
     if missing:
-        console.print("not in the table (no result yet): " + ", ".join(f"{v} {k}" for k, v in missing.items()),
-                      highlight=False)
+        console.print(
+            "not in the table (no result yet): " + ", ".join(f"{v} {k}" for k, v in missing.items()), highlight=False
+        )
     corrupt = corrupt_files(store)
     for line in corrupt:
         console.print(f"corrupt, not in the table: {line}", highlight=False, markup=False)
     if corrupt:  # the table is written, but a script's `collect && fit` must not go on as if it were whole
-        raise SweepIncomplete(f"{len(corrupt)} run(s) left out of {csv_path} because a file of theirs is corrupt "
-                              "(listed above); fix or delete them, or rerun `loopscale sweep run` to retrain them")
+        raise SweepIncomplete(
+            f"{len(corrupt)} run(s) left out of {csv_path} because a file of theirs is corrupt "
+            "(listed above); fix or delete them, or rerun `loopscale sweep run` to retrain them"
+        )

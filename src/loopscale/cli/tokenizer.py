@@ -15,8 +15,12 @@ app.add_typer(tok_app, name="tokenizer")
 @tok_app.command("train")
 def train_tokenizer(
     paths: list[str] = typer.Argument(None, help="Files or folders: .txt/.md, or .jsonl/.parquet with --source."),
-    default: bool = typer.Option(False, "--default", help="Train on the embedded default mixture's training "
-                                 "documents (plays + task world, data.seed 0) instead of PATHS."),
+    default: bool = typer.Option(
+        False,
+        "--default",
+        help="Train on the embedded default mixture's training "
+        "documents (plays + task world, data.seed 0) instead of PATHS.",
+    ),
     vocab_size: int = typer.Option(1024, "--vocab-size", help="Including the 256 byte tokens and <|bos|>."),
     out: Path = typer.Option(Path("tokenizer.json"), "--out", "-o"),
     source: str = typer.Option("text", help="text | jsonl | parquet"),
@@ -30,8 +34,11 @@ def train_tokenizer(
     if source not in ("text", "jsonl", "parquet"):
         raise ConfigError("--source", "expected text, jsonl or parquet", value=source)
     if default == bool(paths):
-        raise ConfigError("paths", "give files or folders, or --default (the embedded mixture): exactly one of the two",
-                          value=" ".join(paths or []))
+        raise ConfigError(
+            "paths",
+            "give files or folders, or --default (the embedded mixture): exactly one of the two",
+            value=" ".join(paths or []),
+        )
     if default:
         from loopscale.config.data import DataConfig
         from loopscale.data.mixture import build_default
@@ -52,7 +59,9 @@ def train_tokenizer(
     n_bytes = sum(len(d.encode()) for d in docs)
     n_tok = sum(len(tok.encode(d)) for d in docs[:2000])
     sample_bytes = sum(len(d.encode()) for d in docs[:2000])
-    console.print(f"{path}: vocab {tok.vocab_size}, BOS {tok.bos_token!r} = {tok.bos_id}; "
-                  f"{len(docs)} documents, {n_bytes:,} bytes; {sample_bytes / max(n_tok, 1):.2f} bytes/token",
-                  highlight=False)
+    console.print(
+        f"{path}: vocab {tok.vocab_size}, BOS {tok.bos_token!r} = {tok.bos_id}; "
+        f"{len(docs)} documents, {n_bytes:,} bytes; {sample_bytes / max(n_tok, 1):.2f} bytes/token",
+        highlight=False,
+    )
     console.print(f"use it with: --set data.tokenizer={path} --set model.vocab_size={tok.vocab_size}", highlight=False)

@@ -23,16 +23,27 @@ class RunNotOk(LoopscaleError):
 def train(
     config: Path | None = typer.Argument(None, help=escape("TOML/YAML with [model] [data] [optim] [run] tables.")),
     set_: list[str] = typer.Option([], "--set", help="Dotted override, e.g. --set optim.matrix_lr=0.02"),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Run dir. Default: runs/r<r>-d<d>-s<seed>-<hash> "
-                                    "(e.g. runs/r4-d64-s0-1a2b3c4d; d the width, hash that of the resolved config, "
-                                    "so another config never reuses it)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Discard the run in --out (finished or not, of any "
-                                   "config) and train afresh."),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        "-o",
+        help="Run dir. Default: runs/r<r>-d<d>-s<seed>-<hash> "
+        "(e.g. runs/r4-d64-s0-1a2b3c4d; d the width, hash that of the resolved config, "
+        "so another config never reuses it).",
+    ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Discard the run in --out (finished or not, of any config) and train afresh."
+    ),
     print_config: bool = typer.Option(False, "--print-config", help="Print the resolved config and exit."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar (nor progress lines)."),
-    progress_every: int | None = typer.Option(None, "--progress-every", min=1, help="Without a terminal (a log "
-                                              "file, a batch job): a progress line every N steps (default: "
-                                              "every 5% of the run)."),
+    progress_every: int | None = typer.Option(
+        None,
+        "--progress-every",
+        min=1,
+        help="Without a terminal (a log "
+        "file, a batch job): a progress line every N steps (default: "
+        "every 5% of the run).",
+    ),
 ) -> None:
     """Train one looped model; rerunning the same command resumes an interrupted run."""
     import tomli_w
@@ -46,24 +57,39 @@ def train(
     if print_config:
         console.print(tomli_w.dumps(cfg.as_toml_dict()), markup=False, highlight=False)
         length = describe_length(cfg)
-        console.print(f"# {length['steps']} steps, {length['tokens']:.4g} tokens, {length['flops']:.4g} FLOPs, "
-                      f"{length['tokens_per_param']:.1f} tokens/param", markup=False, highlight=False)
+        console.print(
+            f"# {length['steps']} steps, {length['tokens']:.4g} tokens, {length['flops']:.4g} FLOPs, "
+            f"{length['tokens_per_param']:.1f} tokens/param",
+            markup=False,
+            highlight=False,
+        )
         return
     run_dir = Path(out or default_run_dir(cfg))
-    res = _train_locked(run_training, cfg, run_dir, progress=not no_progress, overwrite=overwrite,
-                        source=config_source(config, set_), progress_every=progress_every)
+    res = _train_locked(
+        run_training,
+        cfg,
+        run_dir,
+        progress=not no_progress,
+        overwrite=overwrite,
+        source=config_source(config, set_),
+        progress_every=progress_every,
+    )
     if int(os.environ.get("RANK", "0")) == 0:
         vl = res.get("val_loss")
         console.print(
-            f"{run_dir}: status {res['status']}, val loss {vl:.4f} nats/token" if vl is not None
+            f"{run_dir}: status {res['status']}, val loss {vl:.4f} nats/token"
+            if vl is not None
             else f"{run_dir}: status {res['status']} ({res.get('error', '')})",
             highlight=False,
         )
-        console.print(f"  {res['steps']} steps, {res['D']:.4g} tokens, {res['flops']:.4g} FLOPs, "
-                      f"{res['wall_s']:.1f} s", highlight=False)
+        console.print(
+            f"  {res['steps']} steps, {res['D']:.4g} tokens, {res['flops']:.4g} FLOPs, {res['wall_s']:.1f} s",
+            highlight=False,
+        )
     if res["status"] != "ok":
-        raise RunNotOk(f"{run_dir}: the run {res['status']} ({res.get('error', '')}); recorded in "
-                       f"{run_dir / 'result.json'}")
+        raise RunNotOk(
+            f"{run_dir}: the run {res['status']} ({res.get('error', '')}); recorded in {run_dir / 'result.json'}"
+        )
 
 
 def _train_locked(run_training: Any, cfg: Any, run_dir: Path, **kw: Any) -> dict[str, Any]:

@@ -44,10 +44,16 @@ class ModelConfig(StrictModel):
     injection: Injection = "linear"
     hc_lanes: int = Field(2, gt=0, description="K lanes for injection = 'hyperconnect'")
     bptt_k: int | None = Field(None, gt=0, description="backprop through the last k recurrences")
-    r1_looped: bool = Field(False, description="build r = 1 as a loop of one (injection + recurrent norm), "
-                            "not the plain stack: separates the loop's structure from weight sharing")
-    technique: str | None = Field(None, description="your own looped technique, 'module:Class' (a subclass of "
-                                  "loopscale.technique.Technique; docs/extending.md); replaces the injection")
+    r1_looped: bool = Field(
+        False,
+        description="build r = 1 as a loop of one (injection + recurrent norm), "
+        "not the plain stack: separates the loop's structure from weight sharing",
+    )
+    technique: str | None = Field(
+        None,
+        description="your own looped technique, 'module:Class' (a subclass of "
+        "loopscale.technique.Technique; docs/extending.md); replaces the injection",
+    )
     technique_options: dict[str, Any] = Field(default_factory=dict, description="keyword options of technique")
     mlp_ratio: int = Field(4, gt=0)
     softcap: float | None = Field(15.0, gt=0)
@@ -66,32 +72,35 @@ class ModelConfig(StrictModel):
         if self.d_model is None and self.s is None:
             raise ConfigError("d_model", "set the width as d_model or as s (d_model = 64 s)")
         if self.d_model is not None and self.s is not None and self.d_model != 64 * self.s:
-            raise ConfigError("d_model", f"disagrees with s={self.s} (expected {64 * self.s})",
-                              value=self.d_model)
+            raise ConfigError("d_model", f"disagrees with s={self.s} (expected {64 * self.s})", value=self.d_model)
         if self.width % self.head_dim:
             raise ConfigError("head_dim", f"must divide d_model={self.width}", value=self.head_dim)
         rest = self.L_eff - self.n_prelude - self.n_coda
         if rest <= 0:
-            raise ConfigError("L_eff", f"must exceed n_prelude + n_coda = {self.n_prelude + self.n_coda}",
-                              value=self.L_eff)
+            raise ConfigError(
+                "L_eff", f"must exceed n_prelude + n_coda = {self.n_prelude + self.n_coda}", value=self.L_eff
+            )
         if rest % self.r:
-            raise ConfigError("r", f"must divide the recurrent depth L_eff - n_prelude - n_coda = {rest}",
-                              value=self.r)
+            raise ConfigError("r", f"must divide the recurrent depth L_eff - n_prelude - n_coda = {rest}", value=self.r)
         if self.technique is not None:
             if not self.is_looped:
-                raise ConfigError("technique", "needs a loop: r > 1, or r1_looped = true for a loop of one",
-                                  value=self.technique)
+                raise ConfigError(
+                    "technique", "needs a loop: r > 1, or r1_looped = true for a loop of one", value=self.technique
+                )
             if self.bptt_k is not None:
-                raise ConfigError("bptt_k", "a technique says which recurrences are back-propagated itself "
-                                  "(Technique.grad); leave bptt_k unset", value=self.bptt_k)
+                raise ConfigError(
+                    "bptt_k",
+                    "a technique says which recurrences are back-propagated itself "
+                    "(Technique.grad); leave bptt_k unset",
+                    value=self.bptt_k,
+                )
         elif self.technique_options:
             raise ConfigError("technique_options", "options without a model.technique", value=self.technique_options)
         if self.bptt_k is not None:
             if self.bptt_k > self.r:
                 raise ConfigError("bptt_k", f"must be at most r={self.r}", value=self.bptt_k)
             if self.injection == "hyperconnect" and self.bptt_k < self.r:
-                raise ConfigError("bptt_k", "hyperconnect needs full BPTT (bptt_k = r or unset)",
-                                  value=self.bptt_k)
+                raise ConfigError("bptt_k", "hyperconnect needs full BPTT (bptt_k = r or unset)", value=self.bptt_k)
         return self
 
     # ---- derived shape -------------------------------------------------------------------
@@ -133,8 +142,7 @@ class ModelConfig(StrictModel):
         return f"{self.n_prelude}+{self.n_recur}x{self.r}+{self.n_coda}"
 
 
-def validate(cls: type[StrictModel], data: dict[str, Any], *, source: str | None = None,
-             prefix: str = "") -> Any:
+def validate(cls: type[StrictModel], data: dict[str, Any], *, source: str | None = None, prefix: str = "") -> Any:
     """Build a config from a dict, turning pydantic's report into a one-line ConfigError."""
     try:
         return cls.model_validate(data)
@@ -166,8 +174,11 @@ def load_mapping(path: str | Path) -> dict[str, Any]:
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError("encoding", f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
-                          "save the file as UTF-8", source=str(p)) from None
+        raise ConfigError(
+            "encoding",
+            f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); save the file as UTF-8",
+            source=str(p),
+        ) from None
     except OSError as exc:
         raise ConfigError("path", f"cannot read the file: {exc.strerror or exc}", value=str(p)) from None
     try:

@@ -22,8 +22,7 @@ class WorldMix(StrictModel):
     The default is knowledge-heavy: memorising biographies is where unique parameters matter.
     """
 
-    knowledge: float = Field(0.5, ge=0,
-                             description="biographies and closed-book Q&A (0: bio_qa facts are never seen)")
+    knowledge: float = Field(0.5, ge=0, description="biographies and closed-book Q&A (0: bio_qa facts are never seen)")
     reading: float = Field(0.15, ge=0, description="passages with questions, story cloze")
     math: float = Field(0.1, ge=0, description="arithmetic word problems")
     reasoning: float = Field(0.15, ge=0, description="induction lists, variable assignment")
@@ -48,8 +47,9 @@ class WorldConfig(StrictModel):
     """Sizes of the generated task world (arXiv 2604.21106 §6, shrunk to CPU scale)."""
 
     n_entities: int = Field(200, gt=0, le=5000, description="people whose biographies are in training")
-    n_unseen_entities: int = Field(100, gt=0, le=5000,
-                                   description="matched people never in training (knowledge control)")
+    n_unseen_entities: int = Field(
+        100, gt=0, le=5000, description="matched people never in training (knowledge control)"
+    )
     eval_per_task: int = Field(200, gt=0, le=20000, description="evaluation items per task")
     mix: WorldMix = Field(default_factory=WorldMix)
 
@@ -66,10 +66,12 @@ class DataConfig(StrictModel):
     """
 
     source: Literal["default", "text", "jsonl", "parquet", "shards"] = Field(
-        "default", description="'default': embedded mixture; or the user's text/jsonl/parquet/shards")
+        "default", description="'default': embedded mixture; or the user's text/jsonl/parquet/shards"
+    )
     paths: list[str] = Field(default_factory=list, description="files or folders of the user's data")
-    val_paths: list[str] = Field(default_factory=list,
-                                 description="explicit validation files (default: hold out val_fraction)")
+    val_paths: list[str] = Field(
+        default_factory=list, description="explicit validation files (default: hold out val_fraction)"
+    )
     text_field: str = Field("text", description="jsonl/parquet: the column holding the text")
     tokenizer: str = Field("bytes", description="'bytes' or the path of a HuggingFace tokenizer.json")
     bos_token: str | None = Field(None, description="the tokenizer's BOS token (default: found by name)")
@@ -79,18 +81,24 @@ class DataConfig(StrictModel):
     seed: int = Field(0, ge=0, description="fixes the task world and the document order")
     world_share: float = Field(0.4, gt=0, lt=1, description="share of task-world bytes in training")
     val_fraction: float = Field(0.05, gt=0, lt=0.5, description="share of real-text scenes held out")
-    real_text_bytes: int | None = Field(None, gt=0,
-                                        description="cap on real training text (whole scenes); None: all")
+    real_text_bytes: int | None = Field(None, gt=0, description="cap on real training text (whole scenes); None: all")
     text_dir: str | None = Field(None, description="folder of .md/.txt files replacing the plays")
     packing: Literal["best_fit_crop", "best_fit_split"] = Field(
-        "best_fit_crop", description="'best_fit_crop': the paper's packer (whole documents, crop tails "
-        "discarded); 'best_fit_split': split long documents, nothing discarded (loopscale's earlier packer)")
+        "best_fit_crop",
+        description="'best_fit_crop': the paper's packer (whole documents, crop tails "
+        "discarded); 'best_fit_split': split long documents, nothing discarded (loopscale's earlier packer)",
+    )
     packing_buffer: int | None = Field(
-        None, gt=0, description="documents (crop) or pieces (split) best fit chooses from; "
-        "None: 1000 for best_fit_crop (the paper's), 1024 for best_fit_split (its earlier value)")
+        None,
+        gt=0,
+        description="documents (crop) or pieces (split) best fit chooses from; "
+        "None: 1000 for best_fit_crop (the paper's), 1024 for best_fit_split (its earlier value)",
+    )
     allow_default: bool = Field(
-        True, description="train on the embedded default when source = 'default'; the paper preset sets "
-        "false, so that a run without configured data fails instead of repeating the 8M-token stand-in")
+        True,
+        description="train on the embedded default when source = 'default'; the paper preset sets "
+        "false, so that a run without configured data fails instead of repeating the 8M-token stand-in",
+    )
     world: WorldConfig = Field(default_factory=WorldConfig)
 
     @model_validator(mode="after")
@@ -100,8 +108,9 @@ class DataConfig(StrictModel):
         if self.source != "default" and not self.paths:
             raise ConfigError("paths", f"source '{self.source}' needs data.paths (files or folders)", value=[])
         if self.source == "default" and self.paths:
-            raise ConfigError("paths", "only for source text/jsonl/parquet/shards (the default is embedded)",
-                              value=self.paths)
+            raise ConfigError(
+                "paths", "only for source text/jsonl/parquet/shards (the default is embedded)", value=self.paths
+            )
         if self.source == "shards" and self.bos_id is None and self.tokenizer == "bytes":
             raise ConfigError("bos_id", "shards need the BOS id (or a tokenizer.json that has one)")
         return self

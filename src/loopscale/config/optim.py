@@ -51,21 +51,30 @@ class OptimConfig(StrictModel):
     momentum: float = Field(0.95, ge=0, lt=1, description="MuonH Nesterov momentum")
     nesterov: bool = True
     orthogonalizer: Literal["polar_express", "ns5"] = Field(
-        "polar_express", description="'polar_express' (the paper's per-step coefficients, 1.02 safety) "
-        "or 'ns5' (Muon's fixed quintic Newton-Schulz)")
+        "polar_express",
+        description="'polar_express' (the paper's per-step coefficients, 1.02 safety) "
+        "or 'ns5' (Muon's fixed quintic Newton-Schulz)",
+    )
     ns_steps: int = Field(5, ge=1, description="orthogonalisation iterations (polar_express: at most 5)")
     ns_dtype: Literal["auto", "bfloat16", "float32"] = Field(
-        "auto", description="orthogonalisation precision; 'auto' = bfloat16 on CUDA (the paper's), "
-        "float32 elsewhere (the paper's code uses bfloat16 on every device)")
-    ns_shard: bool = Field(True, description="under DDP each rank orthogonalises 1/world of the matrices and "
-                           "all-gathers the rest (the paper's DistMuonAdamW); false: every rank does all of them")
+        "auto",
+        description="orthogonalisation precision; 'auto' = bfloat16 on CUDA (the paper's), "
+        "float32 elsewhere (the paper's code uses bfloat16 on every device)",
+    )
+    ns_shard: bool = Field(
+        True,
+        description="under DDP each rank orthogonalises 1/world of the matrices and "
+        "all-gathers the rest (the paper's DistMuonAdamW); false: every rank does all of them",
+    )
     # ---- transfer rules --------------------------------------------------------------------------
     transfer: bool = Field(True, description="apply the paper's width / batch / data transfer rules")
     d_ref: int = Field(D_REF, gt=0)
     tokens_per_step_ref: int = Field(TOKENS_PER_STEP_REF, gt=0)
     tokens_ref: Literal["matched"] | float = Field(
-        "matched", description="D_ref of the data rule: 'matched' = the paper's per-r reference "
-        "(10 x effective params of an s = 10 model with the run's r), or a fixed token count")
+        "matched",
+        description="D_ref of the data rule: 'matched' = the paper's per-r reference "
+        "(10 x effective params of an s = 10 model with the run's r), or a fixed token count",
+    )
     # ---- schedule --------------------------------------------------------------------------------
     schedule: ScheduleName = "linear_decay"
     warmup_frac: float = Field(0.0, ge=0, lt=1, description="fraction of steps of linear warmup")
@@ -93,6 +102,9 @@ class OptimConfig(StrictModel):
         if not isinstance(self.tokens_ref, str) and not self.tokens_ref > 0:
             raise ConfigError("tokens_ref", "must be 'matched' or a positive token count", value=self.tokens_ref)
         if self.schedule == "wsd" and self.warmup_frac + self.decay_frac > 1.0:
-            raise ConfigError("decay_frac", f"warmup_frac + decay_frac must be at most 1 "
-                              f"(warmup_frac = {self.warmup_frac})", value=self.decay_frac)
+            raise ConfigError(
+                "decay_frac",
+                f"warmup_frac + decay_frac must be at most 1 (warmup_frac = {self.warmup_frac})",
+                value=self.decay_frac,
+            )
         return self

@@ -17,31 +17,44 @@ from loopscale.optim import OptimConfig
 class RunConfig(StrictModel):
     """Length, batch, evaluation, checkpoints and hardware of one run."""
 
-    budget: float | None = Field(None, gt=0, allow_inf_nan=False,
-                                 description="FLOP budget C; tokens D = C / F (accounting)")
+    budget: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="FLOP budget C; tokens D = C / F (accounting)"
+    )
     tokens: float | None = Field(None, gt=0, allow_inf_nan=False, description="training tokens D (instead of budget)")
     steps: int | None = Field(None, gt=0, description="optimiser steps (instead of budget or tokens)")
     batch_size: int = Field(32, gt=0, description="rows of T tokens per optimiser step, all ranks together")
     micro_batch: Annotated[int, Field(gt=0)] | Literal["auto"] | None = Field(
-        None, description="rows per forward pass (the rest is gradient accumulation); None: all rows of a "
-        "process; 'auto': the most that fit the device's memory (loopscale.memory)")
+        None,
+        description="rows per forward pass (the rest is gradient accumulation); None: all rows of a "
+        "process; 'auto': the most that fit the device's memory (loopscale.memory)",
+    )
     seed: int = Field(0, ge=0, description="model init; data order comes from data.seed")
     min_steps: int = Field(20, ge=1, description="refuse runs shorter than this many steps")
     val_tokens: int = Field(131072, gt=0, description="held-out tokens for the validation loss")
     eval_every: int = Field(0, ge=0, description="validation every N steps (0: only at the end)")
     log_every: int = Field(10, gt=0)
-    ckpt_every: int = Field(100, ge=0, description="checkpoint every N steps (0: only on a signal); "
-                            "always one before the final evaluation")
+    ckpt_every: int = Field(
+        100, ge=0, description="checkpoint every N steps (0: only on a signal); always one before the final evaluation"
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto", description="autocast dtype; auto = bfloat16 on CUDA, float32 on CPU")
+        "auto", description="autocast dtype; auto = bfloat16 on CUDA, float32 on CPU"
+    )
     compile: Literal["auto", "off", "blocks", "model"] = Field(
-        "auto", description="torch.compile: model = the whole forward and loss in one graph (per block if "
-        "that fails), blocks = each block, off; auto = model on CUDA, off on CPU (true/false: blocks/off)")
-    fused_loss: bool = Field(True, description="head, softcap and cross-entropy by row chunks with the "
-                             "gradient in the same pass (model/loss.py); false: plain autograd over all logits")
-    threads: int | None = Field(None, gt=0, description="torch threads (default: available cores, or a "
-                                 "local sweep slot's share of them, / ranks)")
+        "auto",
+        description="torch.compile: model = the whole forward and loss in one graph (per block if "
+        "that fails), blocks = each block, off; auto = model on CUDA, off on CPU (true/false: blocks/off)",
+    )
+    fused_loss: bool = Field(
+        True,
+        description="head, softcap and cross-entropy by row chunks with the "
+        "gradient in the same pass (model/loss.py); false: plain autograd over all logits",
+    )
+    threads: int | None = Field(
+        None,
+        gt=0,
+        description="torch threads (default: available cores, or a local sweep slot's share of them, / ranks)",
+    )
     keep_checkpoint: bool = Field(False, description="keep ckpt.pt after a finished run")
     track: Literal["none", "wandb", "tensorboard"] = "none"
     wandb_project: str | None = Field(None, description="W&B project (default: $WANDB_PROJECT, else loopscale)")
@@ -82,8 +95,14 @@ DEFAULT_STEPS = 200
 MAX_STEPS = 10**9
 MAX_TOKENS = 1e15
 DEFAULT_MODEL: dict[str, Any] = {
-    "d_model": 64, "head_dim": 16, "L_eff": 12, "n_prelude": 2, "n_coda": 2, "r": 4,
-    "seq_len": 256, "vocab_size": 257,
+    "d_model": 64,
+    "head_dim": 16,
+    "L_eff": 12,
+    "n_prelude": 2,
+    "n_coda": 2,
+    "r": 4,
+    "seq_len": 256,
+    "vocab_size": 257,
 }
 
 
@@ -121,8 +140,13 @@ class TrainConfig(StrictModel):
         """The peak learning rate per optimiser group this run will use (before the schedule)."""
         from loopscale.optim.transfer import resolve_lrs
 
-        return resolve_lrs(self.optim, d_model=self.model.width, tokens_per_step=self.tokens_per_step,
-                           total_tokens=self.lr_tokens(), r=self.model.r)
+        return resolve_lrs(
+            self.optim,
+            d_model=self.model.width,
+            tokens_per_step=self.tokens_per_step,
+            total_tokens=self.lr_tokens(),
+            r=self.model.r,
+        )
 
     def check_length(self) -> int:
         """The run's steps, refused when too short for a meaningful loss or too long to ever finish."""
@@ -182,8 +206,12 @@ def train_config_from_dict(data: dict[str, Any], source: str = "config") -> Trai
     """Defaults <- a mapping of [model] [data] [optim] [run] tables (a sweep builds one per run)."""
     for name in ("model", "data", "optim", "run"):
         if name in data and not isinstance(data[name], dict):
-            raise ConfigError(name, f"expected a table ([{name}] in the file, or --set {name}.KEY=VALUE)",
-                              value=data[name], source=source)
+            raise ConfigError(
+                name,
+                f"expected a table ([{name}] in the file, or --set {name}.KEY=VALUE)",
+                value=data[name],
+                source=source,
+            )
     user_model = dict(data.get("model") or {})
     model = dict(DEFAULT_MODEL)
     if "s" in user_model or "d_model" in user_model:
@@ -201,5 +229,10 @@ def describe_length(cfg: TrainConfig) -> dict[str, Any]:
     steps = cfg.total_steps()
     f = accounting.train_flops_per_token(cfg.model)
     tokens = steps * cfg.tokens_per_step
-    return {"steps": steps, "tokens": tokens, "flops": tokens * f, "flops_per_token": f,
-            "tokens_per_param": tokens / accounting.N_unique(cfg.model)}
+    return {
+        "steps": steps,
+        "tokens": tokens,
+        "flops": tokens * f,
+        "flops_per_token": f,
+        "tokens_per_param": tokens / accounting.N_unique(cfg.model),
+    }

@@ -98,13 +98,16 @@ class RowWriter:
             self._flush()
 
     def _flush(self) -> None:
-        part = self._chunk[:self._fill]
+        part = self._chunk[: self._fill]
         if self._fill:
             top, low = int(part.max()), int(part.min())
             info = np.iinfo(self.dtype)
             if low < 0 or top > info.max:
-                raise ConfigError("data", f"token id {top if top > info.max else low} does not fit the "
-                                  f"cache's {self.dtype} storage (ids must be in 0..{info.max})")
+                raise ConfigError(
+                    "data",
+                    f"token id {top if top > info.max else low} does not fit the "
+                    f"cache's {self.dtype} storage (ids must be in 0..{info.max})",
+                )
             self.max_id = max(self.max_id, top)
             self._fh.write(part.astype(self.dtype).tobytes())
             self.rows += self._fill
@@ -133,10 +136,20 @@ def write_rows(path: Path, rows: Iterable[Sequence[int]], width: int, dtype: np.
     return writer.rows, writer.max_id
 
 
-def build(folder: Path, *, train_docs: Callable[[], Iterable[Sequence[int]]],
-          val_docs: Callable[[], Iterable[Sequence[int]]], seq_len: int, bos_id: int, packing: str,
-          buffer: int | None, seed: int, dtype: np.dtype, fingerprint: Callable[[], str],
-          extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def build(
+    folder: Path,
+    *,
+    train_docs: Callable[[], Iterable[Sequence[int]]],
+    val_docs: Callable[[], Iterable[Sequence[int]]],
+    seq_len: int,
+    bos_id: int,
+    packing: str,
+    buffer: int | None,
+    seed: int,
+    dtype: np.dtype,
+    fingerprint: Callable[[], str],
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Pack the two document streams into ``folder`` (train first, then validation) and write meta.json.
 
     ``train_docs`` / ``val_docs`` are called once each, in that order, so a fingerprint computed while
@@ -154,19 +167,32 @@ def build(folder: Path, *, train_docs: Callable[[], Iterable[Sequence[int]]],
         out[split] = {"rows": n, "max_id": top, "stats": asdict(stream.stats) if stream.stats else None}
     n_train, n_val = out["train"]["rows"], out["val"]["rows"]
     if n_train == 0 or n_val == 0:
-        raise ConfigError("data", f"yields no complete row of T+1 = {width} tokens "
-                          f"(train rows {n_train}, validation rows {n_val})")
+        raise ConfigError(
+            "data", f"yields no complete row of T+1 = {width} tokens (train rows {n_train}, validation rows {n_val})"
+        )
     order = shuffle_order(n_train, seed)  # 8 B per row
     with open(folder / "order.bin", "wb") as fh:
         fh.write(memoryview(order).cast("B"))
         fh.flush()
         os.fsync(fh.fileno())
     del order
-    meta = {"format": FORMAT, "seq_len": seq_len, "width": width, "dtype": dtype.name, "train_rows": n_train,
-            "val_rows": n_val, "max_id": max(out["train"]["max_id"], out["val"]["max_id"]),
-            "fingerprint": fingerprint(), "seed": seed, "packing": packing, "bos_id": bos_id,
-            "order": f"random.Random('loopscale.packing:{seed}').shuffle(range(train_rows))",
-            "train_stats": out["train"]["stats"], "val_stats": out["val"]["stats"], **(extra or {})}
+    meta = {
+        "format": FORMAT,
+        "seq_len": seq_len,
+        "width": width,
+        "dtype": dtype.name,
+        "train_rows": n_train,
+        "val_rows": n_val,
+        "max_id": max(out["train"]["max_id"], out["val"]["max_id"]),
+        "fingerprint": fingerprint(),
+        "seed": seed,
+        "packing": packing,
+        "bos_id": bos_id,
+        "order": f"random.Random('loopscale.packing:{seed}').shuffle(range(train_rows))",
+        "train_stats": out["train"]["stats"],
+        "val_stats": out["val"]["stats"],
+        **(extra or {}),
+    }
     _write_synced(folder / "meta.json", json.dumps(meta, indent=1) + "\n")
     fsync_dir(folder)
     return meta
@@ -180,20 +206,23 @@ def open_rows(folder: Path, *, in_memory: bool = False) -> PackedRows | None:
         if meta.get("format") != FORMAT:
             return None
         dtype, width = np.dtype(meta["dtype"]), int(meta["width"])
-        shapes = {"train.bin": (int(meta["train_rows"]), width), "val.bin": (int(meta["val_rows"]), width),
-                  "order.bin": (int(meta["train_rows"]),)}
+        shapes = {
+            "train.bin": (int(meta["train_rows"]), width),
+            "val.bin": (int(meta["val_rows"]), width),
+            "order.bin": (int(meta["train_rows"]),),
+        }
         arrays = {}
         for name, shape in shapes.items():
             dt = np.dtype(np.int64) if name == "order.bin" else dtype
             f = folder / name
             if f.stat().st_size != int(np.prod(shape)) * dt.itemsize or shape[0] == 0:
                 return None
-            arrays[name] = (np.fromfile(f, dtype=dt).reshape(shape) if in_memory
-                            else np.memmap(f, dtype=dt, mode="r", shape=shape))
+            arrays[name] = (
+                np.fromfile(f, dtype=dt).reshape(shape) if in_memory else np.memmap(f, dtype=dt, mode="r", shape=shape)
+            )
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return PackedRows(arrays["train.bin"], arrays["val.bin"], arrays["order.bin"], meta,
-                      None if in_memory else folder)
+    return PackedRows(arrays["train.bin"], arrays["val.bin"], arrays["order.bin"], meta, None if in_memory else folder)
 
 
 def get_or_build(root: Path, key: str, build_into: Callable[[Path], Any]) -> PackedRows:
@@ -259,8 +288,11 @@ def _lock(path: Path) -> Iterator[bool]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"loopscale: waiting for another process building the token cache {path.stem}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"loopscale: waiting for another process building the token cache {path.stem}",
+                file=sys.stderr,
+                flush=True,
+            )
             fcntl.flock(fd, fcntl.LOCK_EX)
         except OSError:  # e.g. ENOLCK on a network file system without locks
             yield False

@@ -66,11 +66,16 @@ def embedded_plays() -> tuple[tuple[str, str], ...]:
     """``(<genre>/<play>.md, Markdown)`` for every play of the shipped archive, in path order."""
     try:
         with tarfile.open(PLAYS_ARCHIVE, "r:gz") as tf:
-            plays = [(m.name, tf.extractfile(m).read().decode("utf-8"))  # type: ignore[union-attr]
-                     for m in tf.getmembers() if m.isfile() and m.name.endswith(".md")]
+            plays = [
+                (m.name, tf.extractfile(m).read().decode("utf-8"))  # type: ignore[union-attr]
+                for m in tf.getmembers()
+                if m.isfile() and m.name.endswith(".md")
+            ]
     except (OSError, tarfile.TarError, UnicodeDecodeError) as exc:
-        raise LoopscaleError(f"data.source='default' needs the Shakespeare plays shipped with loopscale "
-                             f"({PLAYS_ARCHIVE}), which cannot be read ({exc}); reinstall loopscale") from None
+        raise LoopscaleError(
+            f"data.source='default' needs the Shakespeare plays shipped with loopscale "
+            f"({PLAYS_ARCHIVE}), which cannot be read ({exc}); reinstall loopscale"
+        ) from None
     return tuple(sorted(plays))
 
 
@@ -117,7 +122,7 @@ def markdown_to_scenes(markdown: str, play: str) -> list[Scene]:
             act = text
             continue
         end = heads[i + 1].start() if i + 1 < len(heads) else len(markdown)
-        body = _plain(markdown[m.end():end])
+        body = _plain(markdown[m.end() : end])
         running_title = title.upper()
         if body.endswith(running_title):  # a page's running title before the next ACT heading
             body = body[: -len(running_title)].rstrip()
@@ -141,8 +146,10 @@ def load_scenes(folder: str | None = None) -> tuple[Scene, ...]:
         root = Path(folder)
         if not root.is_dir():
             raise ConfigError("data.text_dir", "folder not found", value=folder)
-        files = sorted((p for p in root.rglob("*") if p.suffix in (".md", ".txt") and p.is_file()),
-                       key=lambda p: p.relative_to(root).as_posix())
+        files = sorted(
+            (p for p in root.rglob("*") if p.suffix in (".md", ".txt") and p.is_file()),
+            key=lambda p: p.relative_to(root).as_posix(),
+        )
         if not files:
             raise ConfigError("data.text_dir", "no .md or .txt files in the folder", value=folder)
         docs = [(p.relative_to(root).as_posix(), p.suffix, p.read_text(encoding="utf-8")) for p in files]
@@ -157,8 +164,7 @@ def load_scenes(folder: str | None = None) -> tuple[Scene, ...]:
     return tuple(out)
 
 
-def split_scenes(scenes: tuple[Scene, ...] | list[Scene],
-                 val_fraction: float) -> tuple[list[Scene], list[Scene]]:
+def split_scenes(scenes: tuple[Scene, ...] | list[Scene], val_fraction: float) -> tuple[list[Scene], list[Scene]]:
     """Hold out the ``val_fraction`` of scenes with the smallest sha256 of their key (seed-free)."""
     n_val = round(len(scenes) * val_fraction)
     if val_fraction > 0:

@@ -49,17 +49,27 @@ def train_bpe(texts: Iterable[str], vocab_size: int, out: str | Path, *, min_fre
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if vocab_size < 257 + 1:
-        raise ConfigError("--vocab-size", "a byte-level BPE needs at least 258 tokens (256 bytes + BOS)",
-                          value=vocab_size)
+        raise ConfigError(
+            "--vocab-size", "a byte-level BPE needs at least 258 tokens (256 bytes + BOS)", value=vocab_size
+        )
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=["<|bos|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=["<|bos|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     if tok.get_vocab_size(with_added_tokens=True) <= 257:  # 256 bytes + <|bos|>: nothing learned
-        raise ConfigError("paths", f"the text yields no BPE merge (no pair of tokens occurs {min_frequency} times); "
-                          "give more text; nothing written", value=str(out))
+        raise ConfigError(
+            "paths",
+            f"the text yields no BPE merge (no pair of tokens occurs {min_frequency} times); "
+            "give more text; nothing written",
+            value=str(out),
+        )
     from loopscale.io import atomic_write_text
 
     out = Path(out)

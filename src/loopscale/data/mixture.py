@@ -40,8 +40,7 @@ def real_text(cfg: DataConfig) -> tuple[list[str], list[str]]:
     if len(scenes) < 2:
         from loopscale.errors import ConfigError
 
-        raise ConfigError("data.text_dir", "need at least two documents (one is held out)",
-                          value=cfg.text_dir)
+        raise ConfigError("data.text_dir", "need at least two documents (one is held out)", value=cfg.text_dir)
     train, val = corpus.split_scenes(scenes, cfg.val_fraction)
     if cfg.real_text_bytes is not None:
         order = list(train)
@@ -64,9 +63,14 @@ def world_budget(cfg: DataConfig) -> tuple[int, int]:
     return round(sum(map(_nbytes, train)) * ratio), round(sum(map(_nbytes, val)) * ratio)
 
 
-def interleave(real: list[str], world: list[str], share: float, rng: random.Random,
-               real_tag: list[str] | None = None, world_tag: list[str] | None = None
-               ) -> tuple[list[str], list[str]]:
+def interleave(
+    real: list[str],
+    world: list[str],
+    share: float,
+    rng: random.Random,
+    real_tag: list[str] | None = None,
+    world_tag: list[str] | None = None,
+) -> tuple[list[str], list[str]]:
     """Shuffle each source with ``rng`` and merge them at ``share`` world bytes.
 
     Returns the merged documents and, parallel to them, their family tags.
@@ -125,8 +129,11 @@ class DefaultData:
                 h.update(f"{len(b)}:".encode())
                 h.update(b)
         for it in self.eval_items:
-            h.update(json.dumps([it.task, it.axis, it.prompt, it.gold, it.choices, it.meta],
-                                sort_keys=True, ensure_ascii=True).encode())
+            h.update(
+                json.dumps(
+                    [it.task, it.axis, it.prompt, it.gold, it.choices, it.meta], sort_keys=True, ensure_ascii=True
+                ).encode()
+            )
         return h.hexdigest()
 
     def describe(self) -> dict[str, Any]:
@@ -136,14 +143,18 @@ class DefaultData:
         stats: dict[str, Any] = {
             "source": self.config.source,
             "seed": self.config.seed,
-            "real_text": (f"{corpus.CORPUS_PACKAGE}=={corpus.CORPUS_VERSION} Shakespeare plays, one "
-                          "document per scene" if self.config.text_dir is None
-                          else f"files in {self.config.text_dir}"),
+            "real_text": (
+                f"{corpus.CORPUS_PACKAGE}=={corpus.CORPUS_VERSION} Shakespeare plays, one document per scene"
+                if self.config.text_dir is None
+                else f"files in {self.config.text_dir}"
+            ),
             "tokenizer": "bytes (UTF-8 bytes + BOS)",
             "vocab_size": tok.vocab_size,
         }
-        for split, docs, fams in (("train", self.train_docs, self.train_family),
-                                  ("val", self.val_docs, self.val_family)):
+        for split, docs, fams in (
+            ("train", self.train_docs, self.train_family),
+            ("val", self.val_docs, self.val_family),
+        ):
             nbytes = [_nbytes(d) for d in docs]
             total = sum(nbytes)
             fam_bytes: dict[str, int] = {}
@@ -159,8 +170,10 @@ class DefaultData:
                 "bytes": total,
                 "tokens": total + len(docs),  # one BOS per document (before packing splits)
                 "world_share": (total - real_b) / total if total else 0.0,
-                "families": {f: {"documents": fam_docs[f], "bytes": fam_bytes[f],
-                                 "share": fam_bytes[f] / total} for f in _family_order(fam_bytes)},
+                "families": {
+                    f: {"documents": fam_docs[f], "bytes": fam_bytes[f], "share": fam_bytes[f] / total}
+                    for f in _family_order(fam_bytes)
+                },
             }
         stats["train"]["unigram_entropy_nats"] = unigram_entropy(self.train_docs)
         stats["train"]["unigram_entropy_bits"] = stats["train"]["unigram_entropy_nats"] / _LN2
@@ -168,8 +181,7 @@ class DefaultData:
         counts: dict[str, int] = {}
         for it in self.eval_items:
             counts[it.task] = counts.get(it.task, 0) + 1
-        stats["eval"] = {t: {"axis": TASKS[t], "items": counts.get(t, 0), "control": t in CONTROL_TASKS}
-                         for t in TASKS}
+        stats["eval"] = {t: {"axis": TASKS[t], "items": counts.get(t, 0), "control": t in CONTROL_TASKS} for t in TASKS}
         return stats
 
 
@@ -197,14 +209,19 @@ def build_default(cfg: DataConfig | None = None) -> DefaultData:
     if cfg.source != "default":
         from loopscale.errors import ConfigError
 
-        raise ConfigError("data.source", "the embedded mixture is source 'default'; the user's data is "
-                          "read by loopscale.train.batches", value=cfg.source)
+        raise ConfigError(
+            "data.source",
+            "the embedded mixture is source 'default'; the user's data is read by loopscale.train.batches",
+            value=cfg.source,
+        )
     real_train, real_val = real_text(cfg)
     ratio = cfg.world_share / (1.0 - cfg.world_share)
-    world = build_world(cfg, train_bytes=round(sum(map(_nbytes, real_train)) * ratio),
-                        val_bytes=round(sum(map(_nbytes, real_val)) * ratio))
+    world = build_world(
+        cfg,
+        train_bytes=round(sum(map(_nbytes, real_train)) * ratio),
+        val_bytes=round(sum(map(_nbytes, real_val)) * ratio),
+    )
     rng = random.Random(f"loopscale.mixture:{cfg.seed}:order")
-    train, train_fam = interleave(real_train, world.train_docs, cfg.world_share, rng,
-                                  world_tag=world.train_family)
+    train, train_fam = interleave(real_train, world.train_docs, cfg.world_share, rng, world_tag=world.train_family)
     val, val_fam = interleave(real_val, world.val_docs, cfg.world_share, rng, world_tag=world.val_family)
     return DefaultData(cfg, train, val, list(world.eval_items), train_fam, val_fam, world)

@@ -90,7 +90,7 @@ def _pieces(docs: Iterable[Sequence[int]], width: int, bos: int, counter: list[i
         yield [bos, *_ints(doc[:step])]
         for start in range(step, len(doc), step):
             counter[1] += 1
-            yield [bos, *_ints(doc[start:start + step])]
+            yield [bos, *_ints(doc[start : start + step])]
 
 
 class _Buffer:
@@ -131,8 +131,9 @@ class _Buffer:
         return self._take(self.lengths[0])
 
 
-def _rows_split(docs: Iterable[Sequence[int]], width: int, bos_id: int, buffer: int,
-                done: list[PackStats]) -> Iterator[list[int]]:
+def _rows_split(
+    docs: Iterable[Sequence[int]], width: int, bos_id: int, buffer: int, done: list[PackStats]
+) -> Iterator[list[int]]:
     """loopscale's earlier packer: split long documents, re-queue crop tails (unchanged). Yields rows
     in packed order and appends its ``PackStats`` to ``done`` once exhausted."""
     counter = [0, 0, 0]  # documents, continuation pieces, document tokens (one BOS each)
@@ -172,12 +173,25 @@ def _rows_split(docs: Iterable[Sequence[int]], width: int, bos_id: int, buffer: 
             yield row
         else:
             dropped = len(row)
-    done.append(PackStats(n_rows, width - 1, counter[0], counter[0] + counter[1] + crops, crops,
-                          counter[1] + crops, dropped, "best_fit_split", counter[2], 0))
+    done.append(
+        PackStats(
+            n_rows,
+            width - 1,
+            counter[0],
+            counter[0] + counter[1] + crops,
+            crops,
+            counter[1] + crops,
+            dropped,
+            "best_fit_split",
+            counter[2],
+            0,
+        )
+    )
 
 
-def _rows_crop(docs: Iterable[Sequence[int]], width: int, bos_id: int, buffer: int, count_rest: bool,
-               done: list[PackStats]) -> Iterator[list[int]]:
+def _rows_crop(
+    docs: Iterable[Sequence[int]], width: int, bos_id: int, buffer: int, count_rest: bool, done: list[PackStats]
+) -> Iterator[list[int]]:
     """The paper's packer: whole documents by best fit, the shortest cropped, its remainder discarded.
     Yields rows in packed order and appends its ``PackStats`` to ``done`` once exhausted."""
     source = iter(docs)
@@ -196,7 +210,7 @@ def _rows_crop(docs: Iterable[Sequence[int]], width: int, bos_id: int, buffer: i
             n = len(doc) + 1
             documents += 1
             tokens += n
-            buf.add([bos_id, *_ints(doc[:width - 1])], n)  # past T + 1 tokens nothing can be placed
+            buf.add([bos_id, *_ints(doc[: width - 1])], n)  # past T + 1 tokens nothing can be placed
 
     n_rows = placed = crops = cropped = dropped = 0
     while True:
@@ -228,8 +242,7 @@ def _rows_crop(docs: Iterable[Sequence[int]], width: int, bos_id: int, buffer: i
             documents += 1
             tokens += len(doc) + 1
             dropped += len(doc) + 1
-    done.append(PackStats(n_rows, width - 1, documents, placed, crops, 0, dropped, "best_fit_crop",
-                          tokens, cropped))
+    done.append(PackStats(n_rows, width - 1, documents, placed, crops, 0, dropped, "best_fit_crop", tokens, cropped))
 
 
 def check_packing(packing: str, buffer: int | None) -> int:
@@ -243,9 +256,17 @@ def check_packing(packing: str, buffer: int | None) -> int:
     return buffer
 
 
-def pack_rows(docs: Iterable[Sequence[int]], seq_len: int, bos_id: int, *, seed: int = 0,
-              packing: str = DEFAULT_PACKING, buffer: int | None = None, shuffle: bool = True,
-              with_stats: bool = False):
+def pack_rows(
+    docs: Iterable[Sequence[int]],
+    seq_len: int,
+    bos_id: int,
+    *,
+    seed: int = 0,
+    packing: str = DEFAULT_PACKING,
+    buffer: int | None = None,
+    shuffle: bool = True,
+    with_stats: bool = False,
+):
     """Pack token documents (without BOS) into a ``torch.LongTensor [n_rows, seq_len + 1]``.
 
     See the module docstring for the two modes. ``buffer=None`` uses the mode's default (1000 for
@@ -278,8 +299,16 @@ class RowStream:
     effect of reading them (a fingerprint) sees the whole stream and ``stats`` counts them.
     """
 
-    def __init__(self, docs: Iterable[Sequence[int]], seq_len: int, bos_id: int, *,
-                 packing: str = DEFAULT_PACKING, buffer: int | None = None, count_rest: bool = True) -> None:
+    def __init__(
+        self,
+        docs: Iterable[Sequence[int]],
+        seq_len: int,
+        bos_id: int,
+        *,
+        packing: str = DEFAULT_PACKING,
+        buffer: int | None = None,
+        count_rest: bool = True,
+    ) -> None:
         if seq_len < 1:
             raise ValueError(f"seq_len must be positive, got {seq_len}")
         size = check_packing(packing, buffer)

@@ -31,8 +31,12 @@ from loopscale.errors import ConfigError
 SHARD_MAGIC = 20240520
 SHARD_HEADER_INTS = 256
 #: the files each ``data.source`` reads from a folder
-SUFFIXES = {"text": (".txt", ".md"), "jsonl": (".jsonl", ".json"), "parquet": (".parquet",),
-            "shards": (".bin", ".u16", ".u32")}
+SUFFIXES = {
+    "text": (".txt", ".md"),
+    "jsonl": (".jsonl", ".json"),
+    "parquet": (".parquet",),
+    "shards": (".bin", ".u16", ".u32"),
+}
 
 
 def expand_paths(paths: list[str], suffixes: tuple[str, ...], field: str) -> list[Path]:
@@ -41,8 +45,9 @@ def expand_paths(paths: list[str], suffixes: tuple[str, ...], field: str) -> lis
     for raw in paths:
         p = Path(raw).expanduser()
         if p.is_dir():
-            found = sorted((f for f in p.rglob("*") if f.is_file() and f.suffix in suffixes),
-                           key=lambda f: f.as_posix())
+            found = sorted(
+                (f for f in p.rglob("*") if f.is_file() and f.suffix in suffixes), key=lambda f: f.as_posix()
+            )
             if not found:
                 raise ConfigError(field, f"no {'/'.join(suffixes)} files in the folder", value=raw)
             out += found
@@ -128,14 +133,17 @@ def shard_layout(path: Path, dtype: str = "auto") -> tuple[np.dtype, int, int]:
         n = int(head[2])
         expected = SHARD_HEADER_INTS * 4 + 2 * n
         if path.stat().st_size != expected:
-            raise ConfigError(str(path), f"truncated shard: header says {n} tokens ({expected} bytes), "
-                              f"file has {path.stat().st_size} bytes")
+            raise ConfigError(
+                str(path),
+                f"truncated shard: header says {n} tokens ({expected} bytes), file has {path.stat().st_size} bytes",
+            )
         return np.dtype(np.uint16), SHARD_HEADER_INTS * 4, n
     if dtype == "auto":
         dtype = {".u16": "uint16", ".u32": "uint32"}.get(path.suffix, "")
         if not dtype:
-            raise ConfigError(str(path), "headerless shard: set data.shard_dtype to uint16 or uint32 "
-                              "(or use the .u16/.u32 suffix)")
+            raise ConfigError(
+                str(path), "headerless shard: set data.shard_dtype to uint16 or uint32 (or use the .u16/.u32 suffix)"
+            )
     itemsize = np.dtype(dtype).itemsize
     if path.stat().st_size % itemsize:
         raise ConfigError(str(path), f"size {path.stat().st_size} is not a multiple of {itemsize} ({dtype})")
@@ -176,8 +184,9 @@ def shard_documents(tokens: np.ndarray, bos_id: int, max_tokens: int | None = No
 SHARD_WINDOW = 1 << 22  # tokens read at a time: 8 MB of uint16, 16 MB of uint32
 
 
-def iter_shard_documents(path: Path, bos_id: int, dtype: str = "auto", max_tokens: int | None = None,
-                         window: int = SHARD_WINDOW) -> Iterator[np.ndarray]:
+def iter_shard_documents(
+    path: Path, bos_id: int, dtype: str = "auto", max_tokens: int | None = None, window: int = SHARD_WINDOW
+) -> Iterator[np.ndarray]:
     """``shard_documents(read_shard(path, dtype), bos_id, max_tokens)``, read ``window`` tokens at a time.
 
     The same documents in the same order, but the file is read with plain reads into a window
@@ -200,19 +209,26 @@ def iter_shard_documents(path: Path, bos_id: int, dtype: str = "auto", max_token
             if not cuts:
                 carry.append(buf)
                 continue
-            head = np.concatenate([*carry, buf[:cuts[0]]]) if carry else buf[:cuts[0]]
+            head = np.concatenate([*carry, buf[: cuts[0]]]) if carry else buf[: cuts[0]]
             if head.size:
                 yield head
             for a, b in itertools.pairwise(cuts):
                 if b > a + 1:
-                    yield buf[a + 1:b]
-            carry = [buf[cuts[-1] + 1:]] if cuts[-1] + 1 < buf.size else []
+                    yield buf[a + 1 : b]
+            carry = [buf[cuts[-1] + 1 :]] if cuts[-1] + 1 < buf.size else []
     if carry:
         yield np.concatenate(carry)
 
 
-def iter_documents(source: str, files: list[Path], *, text_field: str = "text", bos_id: int | None = None,
-                   shard_dtype: str = "auto", max_tokens: int | None = None) -> Iterator[str | np.ndarray]:
+def iter_documents(
+    source: str,
+    files: list[Path],
+    *,
+    text_field: str = "text",
+    bos_id: int | None = None,
+    shard_dtype: str = "auto",
+    max_tokens: int | None = None,
+) -> Iterator[str | np.ndarray]:
     """The documents of ``files`` in order: strings (text/jsonl/parquet) or token arrays (shards).
 
     Shards: ``max_tokens`` caps the token stream over all ``files`` (whole files first, the last one
@@ -259,10 +275,11 @@ def _holdout(n_docs: int, val_fraction: float, salt: str, prefix: int) -> np.nda
     def digest(i: int) -> bytes:
         return hashlib.sha256(f"{salt}#{i}".encode()).digest()
 
-    keys = np.fromiter((int.from_bytes(digest(i)[:prefix], "big") for i in range(n_docs)), dtype=np.uint64,
-                       count=n_docs)
+    keys = np.fromiter(
+        (int.from_bytes(digest(i)[:prefix], "big") for i in range(n_docs)), dtype=np.uint64, count=n_docs
+    )
     cut = np.partition(keys, n_val - 1)[n_val - 1]
     np.less(keys, cut, out=mask)
     ties = sorted(np.flatnonzero(keys == cut).tolist(), key=digest)
-    mask[ties[:n_val - int(mask.sum())]] = True
+    mask[ties[: n_val - int(mask.sum())]] = True
     return mask

@@ -117,64 +117,392 @@ class World:
 
 # ---- vocabularies ------------------------------------------------------------------------------
 
-FEMALE = ("Ada", "Bea", "Cora", "Dina", "Elsa", "Fern", "Gwen", "Hana", "Ida", "Jana", "Kira", "Lena",
-          "Mara", "Nora", "Orla", "Pia", "Rosa", "Sara", "Tess", "Uma", "Vera", "Wren", "Yara", "Zoe",
-          "Alma", "Bree", "Cleo", "Dora", "Edie", "Faye", "Greta", "Hilda", "Iris", "June", "Kaya", "Lina",
-          "Mina", "Nell", "Opal", "Paula", "Ruth", "Selma", "Thea", "Una", "Vida")
-MALE = ("Abe", "Bram", "Cal", "Dev", "Emil", "Finn", "Gus", "Hugo", "Ivo", "Jude", "Kai", "Leon",
-        "Milo", "Nils", "Otto", "Pavel", "Quinn", "Rafe", "Saul", "Theo", "Ugo", "Vik", "Wade", "Xavi",
-        "Yuri", "Zane", "Arlo", "Boris", "Cyril", "Dario", "Ezra", "Felix", "Gil", "Hector", "Igor", "Joel",
-        "Karl", "Luca", "Marek", "Noel", "Oskar", "Pablo", "Rolf", "Sven", "Tomas")
-SURNAMES = ("Abbot", "Barrow", "Castell", "Dunmore", "Eskew", "Farrow", "Garnet", "Holm", "Ibsen", "Jarvik",
-            "Kessel", "Lindqvist", "Marlow", "Nettle", "Orwin", "Pellam", "Quill", "Rasmus", "Sorrel",
-            "Tamsin", "Ulric", "Varga", "Wexley", "Yarrow", "Zeller", "Ashby", "Bexley", "Corwin", "Dalby",
-            "Elmore", "Fenwick", "Gorski", "Hadley", "Imrie", "Jessup", "Kovac", "Lyle", "Mercer", "Novak",
-            "Oakes", "Pruitt", "Rhodes", "Saxby", "Thorne", "Upton", "Vance", "Whitlow", "Yeats", "Zorn",
-            "Alder", "Brandt", "Crane", "Drury", "Ellery", "Fiske", "Grady", "Hollis", "Ivers", "Jansen",
-            "Keane", "Lockett", "Mayhew", "Norris", "Ormond", "Parrish", "Redfern", "Sutter", "Tolliver",
-            "Vickers", "Wolcott", "Bristow", "Calloway", "Delacroix", "Everly", "Fairbanks", "Gilchrist",
-            "Hargrove", "Kincaid", "Larkspur", "Merriweather", "Northcott", "Pemberton", "Quimby",
-            "Rutherford", "Stanhope", "Thistlewood", "Underhill", "Winslow", "Ashcombe", "Blackwood")
-CITIES = ("Lisbon", "Oslo", "Cairo", "Lima", "Quito", "Dublin", "Vienna", "Prague", "Nairobi", "Hanoi",
-          "Seoul", "Osaka", "Lagos", "Havana", "Krakow", "Porto", "Tunis", "Bergen", "Tallinn", "Riga",
-          "Zagreb", "Bogota", "Denver", "Halifax", "Perth", "Auckland", "Manila", "Dakar", "Accra", "Minsk",
-          "Turin", "Seville", "Lyon", "Ghent", "Malmo", "Tampere", "Cork", "Bilbao", "Split", "Leipzig")
-EMPLOYERS = ("Northwind Freight", "Bluestone Bank", "Harbor Lights", "Copperleaf Labs", "Silverline Rail",
-             "Oakridge Mills", "Redwater Energy", "Greyfield Press", "Sunmoor Farms", "Ironbridge Works",
-             "Clearbrook Health", "Stormhaven Shipping", "Tidewell Foods", "Brightforge Tools",
-             "Westgate Insurance", "Highpeak Software", "Lakeside Textiles", "Foxglove Pharma",
-             "Marbleton Glass", "Quartzline Optics", "Amberfield Mining", "Kestrel Aviation",
-             "Willowmere Hotels", "Pinecrest Paper", "Coldspring Water", "Thornbury Motors",
-             "Goldcrest Media", "Saltmarsh Fisheries", "Riverbend Robotics", "Elmstead Ceramics")
-FIELDS = ("botany", "geology", "chemistry", "astronomy", "linguistics", "economics", "zoology", "optics",
-          "topology", "acoustics", "genetics", "meteorology", "archaeology", "cryptography", "ecology",
-          "metallurgy", "oceanography", "philosophy", "statistics", "virology", "mycology", "robotics",
-          "cartography", "hydrology")
-INSTRUMENTS = ("cello", "oboe", "violin", "harp", "flute", "banjo", "trumpet", "clarinet", "piano", "viola",
-               "bassoon", "ukulele", "accordion", "trombone", "mandolin", "harmonica")
+FEMALE = (
+    "Ada",
+    "Bea",
+    "Cora",
+    "Dina",
+    "Elsa",
+    "Fern",
+    "Gwen",
+    "Hana",
+    "Ida",
+    "Jana",
+    "Kira",
+    "Lena",
+    "Mara",
+    "Nora",
+    "Orla",
+    "Pia",
+    "Rosa",
+    "Sara",
+    "Tess",
+    "Uma",
+    "Vera",
+    "Wren",
+    "Yara",
+    "Zoe",
+    "Alma",
+    "Bree",
+    "Cleo",
+    "Dora",
+    "Edie",
+    "Faye",
+    "Greta",
+    "Hilda",
+    "Iris",
+    "June",
+    "Kaya",
+    "Lina",
+    "Mina",
+    "Nell",
+    "Opal",
+    "Paula",
+    "Ruth",
+    "Selma",
+    "Thea",
+    "Una",
+    "Vida",
+)
+MALE = (
+    "Abe",
+    "Bram",
+    "Cal",
+    "Dev",
+    "Emil",
+    "Finn",
+    "Gus",
+    "Hugo",
+    "Ivo",
+    "Jude",
+    "Kai",
+    "Leon",
+    "Milo",
+    "Nils",
+    "Otto",
+    "Pavel",
+    "Quinn",
+    "Rafe",
+    "Saul",
+    "Theo",
+    "Ugo",
+    "Vik",
+    "Wade",
+    "Xavi",
+    "Yuri",
+    "Zane",
+    "Arlo",
+    "Boris",
+    "Cyril",
+    "Dario",
+    "Ezra",
+    "Felix",
+    "Gil",
+    "Hector",
+    "Igor",
+    "Joel",
+    "Karl",
+    "Luca",
+    "Marek",
+    "Noel",
+    "Oskar",
+    "Pablo",
+    "Rolf",
+    "Sven",
+    "Tomas",
+)
+SURNAMES = (
+    "Abbot",
+    "Barrow",
+    "Castell",
+    "Dunmore",
+    "Eskew",
+    "Farrow",
+    "Garnet",
+    "Holm",
+    "Ibsen",
+    "Jarvik",
+    "Kessel",
+    "Lindqvist",
+    "Marlow",
+    "Nettle",
+    "Orwin",
+    "Pellam",
+    "Quill",
+    "Rasmus",
+    "Sorrel",
+    "Tamsin",
+    "Ulric",
+    "Varga",
+    "Wexley",
+    "Yarrow",
+    "Zeller",
+    "Ashby",
+    "Bexley",
+    "Corwin",
+    "Dalby",
+    "Elmore",
+    "Fenwick",
+    "Gorski",
+    "Hadley",
+    "Imrie",
+    "Jessup",
+    "Kovac",
+    "Lyle",
+    "Mercer",
+    "Novak",
+    "Oakes",
+    "Pruitt",
+    "Rhodes",
+    "Saxby",
+    "Thorne",
+    "Upton",
+    "Vance",
+    "Whitlow",
+    "Yeats",
+    "Zorn",
+    "Alder",
+    "Brandt",
+    "Crane",
+    "Drury",
+    "Ellery",
+    "Fiske",
+    "Grady",
+    "Hollis",
+    "Ivers",
+    "Jansen",
+    "Keane",
+    "Lockett",
+    "Mayhew",
+    "Norris",
+    "Ormond",
+    "Parrish",
+    "Redfern",
+    "Sutter",
+    "Tolliver",
+    "Vickers",
+    "Wolcott",
+    "Bristow",
+    "Calloway",
+    "Delacroix",
+    "Everly",
+    "Fairbanks",
+    "Gilchrist",
+    "Hargrove",
+    "Kincaid",
+    "Larkspur",
+    "Merriweather",
+    "Northcott",
+    "Pemberton",
+    "Quimby",
+    "Rutherford",
+    "Stanhope",
+    "Thistlewood",
+    "Underhill",
+    "Winslow",
+    "Ashcombe",
+    "Blackwood",
+)
+CITIES = (
+    "Lisbon",
+    "Oslo",
+    "Cairo",
+    "Lima",
+    "Quito",
+    "Dublin",
+    "Vienna",
+    "Prague",
+    "Nairobi",
+    "Hanoi",
+    "Seoul",
+    "Osaka",
+    "Lagos",
+    "Havana",
+    "Krakow",
+    "Porto",
+    "Tunis",
+    "Bergen",
+    "Tallinn",
+    "Riga",
+    "Zagreb",
+    "Bogota",
+    "Denver",
+    "Halifax",
+    "Perth",
+    "Auckland",
+    "Manila",
+    "Dakar",
+    "Accra",
+    "Minsk",
+    "Turin",
+    "Seville",
+    "Lyon",
+    "Ghent",
+    "Malmo",
+    "Tampere",
+    "Cork",
+    "Bilbao",
+    "Split",
+    "Leipzig",
+)
+EMPLOYERS = (
+    "Northwind Freight",
+    "Bluestone Bank",
+    "Harbor Lights",
+    "Copperleaf Labs",
+    "Silverline Rail",
+    "Oakridge Mills",
+    "Redwater Energy",
+    "Greyfield Press",
+    "Sunmoor Farms",
+    "Ironbridge Works",
+    "Clearbrook Health",
+    "Stormhaven Shipping",
+    "Tidewell Foods",
+    "Brightforge Tools",
+    "Westgate Insurance",
+    "Highpeak Software",
+    "Lakeside Textiles",
+    "Foxglove Pharma",
+    "Marbleton Glass",
+    "Quartzline Optics",
+    "Amberfield Mining",
+    "Kestrel Aviation",
+    "Willowmere Hotels",
+    "Pinecrest Paper",
+    "Coldspring Water",
+    "Thornbury Motors",
+    "Goldcrest Media",
+    "Saltmarsh Fisheries",
+    "Riverbend Robotics",
+    "Elmstead Ceramics",
+)
+FIELDS = (
+    "botany",
+    "geology",
+    "chemistry",
+    "astronomy",
+    "linguistics",
+    "economics",
+    "zoology",
+    "optics",
+    "topology",
+    "acoustics",
+    "genetics",
+    "meteorology",
+    "archaeology",
+    "cryptography",
+    "ecology",
+    "metallurgy",
+    "oceanography",
+    "philosophy",
+    "statistics",
+    "virology",
+    "mycology",
+    "robotics",
+    "cartography",
+    "hydrology",
+)
+INSTRUMENTS = (
+    "cello",
+    "oboe",
+    "violin",
+    "harp",
+    "flute",
+    "banjo",
+    "trumpet",
+    "clarinet",
+    "piano",
+    "viola",
+    "bassoon",
+    "ukulele",
+    "accordion",
+    "trombone",
+    "mandolin",
+    "harmonica",
+)
 YEARS = tuple(str(y) for y in range(1920, 2000))
-VALUES: dict[str, tuple[str, ...]] = {"birth_year": YEARS, "city": CITIES, "employer": EMPLOYERS,
-                                      "field": FIELDS, "instrument": INSTRUMENTS}
+VALUES: dict[str, tuple[str, ...]] = {
+    "birth_year": YEARS,
+    "city": CITIES,
+    "employer": EMPLOYERS,
+    "field": FIELDS,
+    "instrument": INSTRUMENTS,
+}
 
-TOWN_A = ("Brack", "Wyn", "Hollow", "Marsh", "Elder", "Stone", "Ash", "Fen", "Raven", "Thorn", "Cold",
-          "Bram", "Kings", "Wolf", "Gull", "Oxen", "Pike", "Rush", "Sedge", "Tarn")
-TOWN_B = ("well", "ford", "mere", "by", "wick", "stead", "ton", "holm", "dale", "moor", "bridge", "combe",
-          "haven", "field", "gate")
+TOWN_A = (
+    "Brack",
+    "Wyn",
+    "Hollow",
+    "Marsh",
+    "Elder",
+    "Stone",
+    "Ash",
+    "Fen",
+    "Raven",
+    "Thorn",
+    "Cold",
+    "Bram",
+    "Kings",
+    "Wolf",
+    "Gull",
+    "Oxen",
+    "Pike",
+    "Rush",
+    "Sedge",
+    "Tarn",
+)
+TOWN_B = (
+    "well",
+    "ford",
+    "mere",
+    "by",
+    "wick",
+    "stead",
+    "ton",
+    "holm",
+    "dale",
+    "moor",
+    "bridge",
+    "combe",
+    "haven",
+    "field",
+    "gate",
+)
 DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 COLORS = ("red", "blue", "green", "yellow", "purple", "orange", "grey", "black", "white", "brown")
 GOODS = ("apples", "barrels", "candles", "blankets", "lanterns", "baskets", "ropes", "jars", "boots", "books")
 ITEMS = ("lamp", "cloak", "kettle", "drum", "saddle", "compass", "umbrella", "chest", "scarf", "bell")
 SHOPS = ("bakery", "forge", "bookshop", "tailor's shop", "pottery", "bicycle shop", "flower shop", "inn")
-MATERIALS = ("sacks of flour", "bars of iron", "bolts of cloth", "loads of clay", "crates of paper",
-             "boxes of nails", "bags of seed")
+MATERIALS = (
+    "sacks of flour",
+    "bars of iron",
+    "bolts of cloth",
+    "loads of clay",
+    "crates of paper",
+    "boxes of nails",
+    "bags of seed",
+)
 ANIMALS = ("goat", "parrot", "horse", "cat", "dog", "donkey", "owl", "tortoise")
 FESTIVALS = ("harvest fair", "spring festival", "river regatta", "lantern festival", "winter market")
 CONTESTS = ("pie contest", "archery match", "rowing race", "chess tournament", "singing contest")
 PLACES = ("cottage", "workshop", "boat", "flat", "farmhouse", "studio")
 FURNITURE = ("bed", "table", "sofa", "stairs", "cupboard", "rug")
 FOODS = ("loaves", "pies", "cakes", "buns", "tarts")
-OBJECTS = ("apples", "marbles", "stamps", "pencils", "cards", "shells", "coins", "books", "eggs", "stickers",
-           "buttons", "candles")
+OBJECTS = (
+    "apples",
+    "marbles",
+    "stamps",
+    "pencils",
+    "cards",
+    "shells",
+    "coins",
+    "books",
+    "eggs",
+    "stickers",
+    "buttons",
+    "candles",
+)
 BRACKETS = (("(", ")"), ("[", "]"), ("{", "}"), ("<", ">"))
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -182,16 +510,31 @@ LETTERS = "abcdefghijklmnopqrstuvwxyz"
 # {S}/{s}: subject at/after sentence start; {P}/{p}: possessive. For the full name all four are
 # "Name" / "Name's"; for a pronoun they are She/she/Her/her.
 BIO_TEMPLATES: dict[str, tuple[str, ...]] = {
-    "birth_year": ("{S} was born in {v}.", "{S} was born in the year {v}.", "{P} birth year is {v}.",
-                   "In {v}, {s} was born."),
-    "city": ("{S} grew up in {v}.", "{P} hometown is {v}.", "{S} is a native of {v}.",
-             "{S} comes from the city of {v}."),
-    "employer": ("{S} works for {v}.", "{S} is employed by {v}.", "{S} has a job at {v}.",
-                 "These days {s} works at {v}."),
-    "field": ("{S} studied {v}.", "{S} is an expert in {v}.", "{S} trained in {v} at university.",
-              "{P} field is {v}."),
-    "instrument": ("{S} plays the {v}.", "In {p} spare time, {s} plays the {v}.",
-                   "{S} learned to play the {v} as a child.", "{S} is a keen {v} player."),
+    "birth_year": (
+        "{S} was born in {v}.",
+        "{S} was born in the year {v}.",
+        "{P} birth year is {v}.",
+        "In {v}, {s} was born.",
+    ),
+    "city": (
+        "{S} grew up in {v}.",
+        "{P} hometown is {v}.",
+        "{S} is a native of {v}.",
+        "{S} comes from the city of {v}.",
+    ),
+    "employer": (
+        "{S} works for {v}.",
+        "{S} is employed by {v}.",
+        "{S} has a job at {v}.",
+        "These days {s} works at {v}.",
+    ),
+    "field": ("{S} studied {v}.", "{S} is an expert in {v}.", "{S} trained in {v} at university.", "{P} field is {v}."),
+    "instrument": (
+        "{S} plays the {v}.",
+        "In {p} spare time, {s} plays the {v}.",
+        "{S} learned to play the {v} as a child.",
+        "{S} is a keen {v} player.",
+    ),
 }
 TRAIN_QUESTIONS: dict[str, tuple[str, ...]] = {
     "birth_year": ("When was {n} born?",),
@@ -213,11 +556,20 @@ def _population(rng: random.Random, n: int) -> list[Entity]:
     people = [(f, "she") for f in FEMALE] + [(m, "he") for m in MALE]
     names = [(f"{first} {last}", pron) for first, pron in people for last in SURNAMES]
     if n > len(names):
-        raise ConfigError("data.world", f"n_entities + n_unseen_entities must be at most {len(names)}",
-                          value=n)
+        raise ConfigError("data.world", f"n_entities + n_unseen_entities must be at most {len(names)}", value=n)
     chosen = rng.sample(names, n)
-    return [Entity(name, pron, rng.choice(YEARS), rng.choice(CITIES), rng.choice(EMPLOYERS),
-                   rng.choice(FIELDS), rng.choice(INSTRUMENTS)) for name, pron in chosen]
+    return [
+        Entity(
+            name,
+            pron,
+            rng.choice(YEARS),
+            rng.choice(CITIES),
+            rng.choice(EMPLOYERS),
+            rng.choice(FIELDS),
+            rng.choice(INSTRUMENTS),
+        )
+        for name, pron in chosen
+    ]
 
 
 def _refs(e: Entity, use_name: bool) -> dict[str, str]:
@@ -240,8 +592,9 @@ def _bio(rng: random.Random, e: Entity) -> str:
 
 def _qa_doc(rng: random.Random, e: Entity) -> str:
     attrs = rng.sample(ATTRIBUTES, rng.randint(2, 4))
-    return "\n\n".join(f"Question: {rng.choice(TRAIN_QUESTIONS[a]).format(n=e.name)}\nAnswer: {e.value(a)}"
-                       for a in attrs)
+    return "\n\n".join(
+        f"Question: {rng.choice(TRAIN_QUESTIONS[a]).format(n=e.name)}\nAnswer: {e.value(a)}" for a in attrs
+    )
 
 
 def _cycle(rng: random.Random, entities: list[Entity]) -> Iterator[Entity]:
@@ -252,8 +605,7 @@ def _cycle(rng: random.Random, entities: list[Entity]) -> Iterator[Entity]:
         yield from order
 
 
-def _knowledge_items(rng: random.Random, seen: list[Entity], unseen: list[Entity],
-                     n: int) -> list[EvalItem]:
+def _knowledge_items(rng: random.Random, seen: list[Entity], unseen: list[Entity], n: int) -> list[EvalItem]:
     """``n`` seen-fact items and ``n`` matched unseen-fact items (same attribute and template)."""
     pools = {}
     for a in ATTRIBUTES:
@@ -269,15 +621,25 @@ def _knowledge_items(rng: random.Random, seen: list[Entity], unseen: list[Entity
         j = i // len(ATTRIBUTES)
         tpl_i = rng.randrange(len(EVAL_QUESTIONS[a]))
         s, u = pools[a]
-        for (e, _), task, out, is_seen in ((s[j % len(s)], "bio_qa", out_seen, True),
-                                           (u[j % len(u)], "bio_qa_unseen", out_unseen, False)):
+        for (e, _), task, out, is_seen in (
+            (s[j % len(s)], "bio_qa", out_seen, True),
+            (u[j % len(u)], "bio_qa_unseen", out_unseen, False),
+        ):
             gold = e.value(a)
             distract = rng.sample([v for v in VALUES[a] if v != gold], 3)
             choices = [*distract]
             choices.insert(rng.randrange(4), gold)
             prompt = f"Question: {EVAL_QUESTIONS[a][tpl_i].format(n=e.name)}\nAnswer:"
-            out.append(EvalItem(task, "knowledge", prompt, " " + gold, tuple(" " + c for c in choices),
-                                {"entity": e.name, "attribute": a, "template": tpl_i, "seen": is_seen}))
+            out.append(
+                EvalItem(
+                    task,
+                    "knowledge",
+                    prompt,
+                    " " + gold,
+                    tuple(" " + c for c in choices),
+                    {"entity": e.name, "attribute": a, "template": tpl_i, "seen": is_seen},
+                )
+            )
     return out_seen + out_unseen
 
 
@@ -316,33 +678,54 @@ def _passage(rng: random.Random) -> tuple[str, list[tuple[str, str]], int]:
     day, color = rng.choice(DAYS), rng.choice(COLORS)
     if kind == 0:
         k, goods, item, price = rng.randint(2, 19), rng.choice(GOODS), rng.choice(ITEMS), rng.randint(3, 90)
-        text = (f"{a} left {t1} on {day} with {k} {goods}. On the road {_pron(a)[0]} met {b}, who was "
-                f"carrying a {color} {item}. They reached {t2} at dusk, and {b} sold the {item} for "
-                f"{price} coins.")
-        qs = [(f"Which town did {a} leave?", t1), (f"On which day did {a} leave {t1}?", day),
-              (f"How many {goods} did {a} take?", str(k)), (f"Who did {a} meet on the road?", b),
-              (f"What colour was the {item} that {b} carried?", color),
-              ("Which town did they reach at dusk?", t2),
-              (f"For how many coins did {b} sell the {item}?", str(price))]
+        text = (
+            f"{a} left {t1} on {day} with {k} {goods}. On the road {_pron(a)[0]} met {b}, who was "
+            f"carrying a {color} {item}. They reached {t2} at dusk, and {b} sold the {item} for "
+            f"{price} coins."
+        )
+        qs = [
+            (f"Which town did {a} leave?", t1),
+            (f"On which day did {a} leave {t1}?", day),
+            (f"How many {goods} did {a} take?", str(k)),
+            (f"Who did {a} meet on the road?", b),
+            (f"What colour was the {item} that {b} carried?", color),
+            ("Which town did they reach at dusk?", t2),
+            (f"For how many coins did {b} sell the {item}?", str(price)),
+        ]
     elif kind == 1:
         shop, k = rng.choice(SHOPS), rng.randint(2, 19)
         mat, animal = rng.choice(MATERIALS), rng.choice(ANIMALS)
-        text = (f"{a} runs a {shop} in {t1}. Every {day}, {_pron(a)[0]} buys {k} {mat} from {b}. Last "
-                f"month {a} hired {c}, who came from {t2} and owns a {color} {animal}.")
-        qs = [(f"What does {a} run in {t1}?", f"a {shop}"), (f"Where does {a} run the {shop}?", t1),
-              (f"On which day does {a} buy {mat}?", day), (f"How many {mat} does {a} buy?", str(k)),
-              (f"Who sells {mat} to {a}?", b), (f"Who did {a} hire last month?", c),
-              (f"Where did {c} come from?", t2), (f"What colour is the {animal} of {c}?", color),
-              (f"What animal does {c} own?", f"a {animal}")]
+        text = (
+            f"{a} runs a {shop} in {t1}. Every {day}, {_pron(a)[0]} buys {k} {mat} from {b}. Last "
+            f"month {a} hired {c}, who came from {t2} and owns a {color} {animal}."
+        )
+        qs = [
+            (f"What does {a} run in {t1}?", f"a {shop}"),
+            (f"Where does {a} run the {shop}?", t1),
+            (f"On which day does {a} buy {mat}?", day),
+            (f"How many {mat} does {a} buy?", str(k)),
+            (f"Who sells {mat} to {a}?", b),
+            (f"Who did {a} hire last month?", c),
+            (f"Where did {c} come from?", t2),
+            (f"What colour is the {animal} of {c}?", color),
+            (f"What animal does {c} own?", f"a {animal}"),
+        ]
     else:
         fest, contest, item = rng.choice(FESTIVALS), rng.choice(CONTESTS), rng.choice(ITEMS)
         k, crowd = rng.randint(20, 99), rng.randint(100, 900)
-        text = (f"The {fest} of {t1} began on {day}. {a} won the {contest} with a score of {k}, and {b} "
-                f"came second. The prize was a {color} {item}, and {crowd} people came to watch.")
-        qs = [(f"Where was the {fest} held?", t1), (f"On which day did the {fest} begin?", day),
-              (f"Who won the {contest}?", a), (f"Who came second in the {contest}?", b),
-              (f"What was the winning score in the {contest}?", str(k)),
-              ("What colour was the prize?", color), ("How many people came to watch?", str(crowd))]
+        text = (
+            f"The {fest} of {t1} began on {day}. {a} won the {contest} with a score of {k}, and {b} "
+            f"came second. The prize was a {color} {item}, and {crowd} people came to watch."
+        )
+        qs = [
+            (f"Where was the {fest} held?", t1),
+            (f"On which day did the {fest} begin?", day),
+            (f"Who won the {contest}?", a),
+            (f"Who came second in the {contest}?", b),
+            (f"What was the winning score in the {contest}?", str(k)),
+            ("What colour was the prize?", color),
+            ("How many people came to watch?", str(crowd)),
+        ]
     return text, qs, kind
 
 
@@ -350,8 +733,9 @@ def _passage_qa(rng: random.Random) -> _Item:
     text, qs, kind = _passage(rng)
     qi = rng.randrange(len(qs))
     q, a = qs[qi]
-    return _Item(f"Passage: {text}\nQuestion: {q}\nAnswer:", " " + a, text,
-                 {"story": kind, "question": qi}, context=text)
+    return _Item(
+        f"Passage: {text}\nQuestion: {q}\nAnswer:", " " + a, text, {"story": kind, "question": qi}, context=text
+    )
 
 
 def _passage_doc(rng: random.Random, forbidden: set[str]) -> tuple[str, list[_Item]]:
@@ -361,8 +745,10 @@ def _passage_doc(rng: random.Random, forbidden: set[str]) -> tuple[str, list[_It
             break
     chosen = rng.sample(range(len(qs)), rng.randint(1, 3))
     lines = [f"Passage: {text}"] + [f"Question: {qs[i][0]}\nAnswer: {qs[i][1]}" for i in chosen]
-    items = [_Item(f"Passage: {text}\nQuestion: {qs[i][0]}\nAnswer:", " " + qs[i][1], text,
-                   {"story": kind, "question": i}) for i in chosen[:1]]
+    items = [
+        _Item(f"Passage: {text}\nQuestion: {qs[i][0]}\nAnswer:", " " + qs[i][1], text, {"story": kind, "question": i})
+        for i in chosen[:1]
+    ]
     return "\n".join(lines), items
 
 
@@ -374,31 +760,42 @@ def _story_cloze(rng: random.Random) -> _Item:
     pb, _ = _pron(b)
     item, place = rng.choice(ITEMS), rng.choice(PLACES)
     if kind == 0:
-        text = (f"{a} and {b} shared a {place} in {town}. One {day} morning {a} lost {qa} {item}. {b} "
-                f"searched everywhere and found it under the {rng.choice(FURNITURE)}. That evening {b} "
-                f"gave the {item} back to")
+        text = (
+            f"{a} and {b} shared a {place} in {town}. One {day} morning {a} lost {qa} {item}. {b} "
+            f"searched everywhere and found it under the {rng.choice(FURNITURE)}. That evening {b} "
+            f"gave the {item} back to"
+        )
         gold = a
     elif kind == 1:
-        text = (f"{a} lent {b} a {rng.choice(COLORS)} {item} before the trip to {town}. The trip was long, "
-                f"and {b} used the {item} every day. When the trip was over, {b} returned the {item} to")
+        text = (
+            f"{a} lent {b} a {rng.choice(COLORS)} {item} before the trip to {town}. The trip was long, "
+            f"and {b} used the {item} every day. When the trip was over, {b} returned the {item} to"
+        )
         gold = a
     elif kind == 2:
-        text = (f"{a} wrote a letter to {b}, who lived in {town}. The letter took {k} days to arrive. When "
-                f"{b} finally read it, {pb} smiled and wrote back to")
+        text = (
+            f"{a} wrote a letter to {b}, who lived in {town}. The letter took {k} days to arrive. When "
+            f"{b} finally read it, {pb} smiled and wrote back to"
+        )
         gold = a
     elif kind == 3:
         food = rng.choice(FOODS)
-        text = (f"{a} baked {k} {food} for the fair in {town}. {b} bought all of them before noon. "
-                f"Everyone at the fair asked who had baked the {food}, and {b} pointed at")
+        text = (
+            f"{a} baked {k} {food} for the fair in {town}. {b} bought all of them before noon. "
+            f"Everyone at the fair asked who had baked the {food}, and {b} pointed at"
+        )
         gold = a
     elif kind == 4:
         animal = rng.choice(ANIMALS)
-        text = (f"{a} asked {b} to mind the {animal} while {pa} was away in {town}. The {animal} was "
-                f"hungry, so every morning it was fed by")
+        text = (
+            f"{a} asked {b} to mind the {animal} while {pa} was away in {town}. The {animal} was "
+            f"hungry, so every morning it was fed by"
+        )
         gold = b
     else:
-        text = (f"{a} lost a game of chess to {b} on {day}. Everyone in {town} talked about the winner "
-                f"of the game, who was")
+        text = (
+            f"{a} lost a game of chess to {b} on {day}. Everyone in {town} talked about the winner of the game, who was"
+        )
         gold = b
     return _Item(text, " " + gold, text, {"story": kind})
 
@@ -417,22 +814,21 @@ def _arith_word(rng: random.Random) -> _Item:
         q, ans = f"{a} had {x} {obj} and gave {y} of them to {b}. How many {obj} does {a} have left?", x - y
     elif kind == 2:
         x, y = rng.randint(2, 9), rng.randint(2, 12)
-        q, ans = (f"{a} buys {x} boxes of {obj}. Each box holds {y} {obj}. How many {obj} does {a} buy "
-                  f"in all?"), x * y
+        q, ans = (f"{a} buys {x} boxes of {obj}. Each box holds {y} {obj}. How many {obj} does {a} buy in all?"), x * y
     elif kind == 3:
         x, y = rng.randint(2, 12), rng.randint(2, 9)
-        q, ans = (f"{a} shares {x * y} {obj} equally among {y} friends. How many {obj} does each friend "
-                  f"get?"), x
+        q, ans = (f"{a} shares {x * y} {obj} equally among {y} friends. How many {obj} does each friend get?"), x
     elif kind == 4:
         x, y = rng.randint(2, 30), rng.randint(2, 30)
         z = rng.randint(1, x + y - 1)
-        q, ans = (f"{a} has {x} {obj}. {s} buys {y} more and then gives {z} to {b}. How many {obj} does "
-                  f"{a} have now?"), x + y - z
+        q, ans = (
+            (f"{a} has {x} {obj}. {s} buys {y} more and then gives {z} to {b}. How many {obj} does {a} have now?"),
+            x + y - z,
+        )
     else:
         x = rng.randint(5, 60)
         y = rng.randint(1, x - 1)
-        q, ans = (f"{a} has {x} {obj} and {b} has {y} {obj}. How many more {obj} does {a} have than "
-                  f"{b}?"), x - y
+        q, ans = (f"{a} has {x} {obj} and {b} has {y} {obj}. How many more {obj} does {a} have than {b}?"), x - y
     prompt = f"Question: {q}\nAnswer:"
     return _Item(prompt, f" {ans}", prompt, {"kind": kind})
 
@@ -554,8 +950,9 @@ def _eval_items(seed: int, task: str, n: int) -> tuple[list[EvalItem], set[str]]
     return items, keys
 
 
-def _task_docs(rng: random.Random, task: str, budget: int, forbidden: set[str],
-               shots: list[EvalItem] | None) -> list[str]:
+def _task_docs(
+    rng: random.Random, task: str, budget: int, forbidden: set[str], shots: list[EvalItem] | None
+) -> list[str]:
     """Training/validation documents of one task until ``budget`` bytes: 1-4 items per document
     (a passage with 1-3 questions for ``passage_qa``), never an item whose key is ``forbidden``."""
     gen = GENERATORS[task]
@@ -594,9 +991,15 @@ def _knowledge_docs(rng: random.Random, entities: list[Entity], budget: int) -> 
     return docs, fams
 
 
-def _axis_docs(seed: int, split: str, entities: list[Entity], budget: int, cfg: DataConfig,
-               forbidden: dict[str, set[str]], shots: dict[str, list[EvalItem]] | None
-               ) -> tuple[list[str], list[str]]:
+def _axis_docs(
+    seed: int,
+    split: str,
+    entities: list[Entity],
+    budget: int,
+    cfg: DataConfig,
+    forbidden: dict[str, set[str]],
+    shots: dict[str, list[EvalItem]] | None,
+) -> tuple[list[str], list[str]]:
     shares = cfg.world.mix.shares()
     docs: list[str] = []
     fams: list[str] = []
@@ -611,8 +1014,13 @@ def _axis_docs(seed: int, split: str, entities: list[Entity], budget: int, cfg: 
             continue
         tasks = [t for t, a in TASKS.items() if a == axis]
         for t in tasks:
-            d = _task_docs(_rng(seed, split, t), t, int(axis_budget / len(tasks)), forbidden[t],
-                           None if shots is None else shots.setdefault(t, []))
+            d = _task_docs(
+                _rng(seed, split, t),
+                t,
+                int(axis_budget / len(tasks)),
+                forbidden[t],
+                None if shots is None else shots.setdefault(t, []),
+            )
             docs += d
             fams += [t] * len(d)
     return docs, fams
@@ -628,7 +1036,7 @@ def build_world(cfg: DataConfig, *, train_bytes: int, val_bytes: int) -> World:
     w = cfg.world
     seed = cfg.seed
     people = _population(_rng(seed, "population"), w.n_entities + w.n_unseen_entities)
-    seen, unseen = people[: w.n_entities], people[w.n_entities:]
+    seen, unseen = people[: w.n_entities], people[w.n_entities :]
 
     eval_items = _knowledge_items(_rng(seed, "eval", "knowledge"), seen, unseen, w.eval_per_task)
     forbidden: dict[str, set[str]] = {}
@@ -654,6 +1062,14 @@ def _knowledge_shots(rng: random.Random, seen: list[Entity]) -> list[EvalItem]:
         e = rng.choice(seen)
         a = ATTRIBUTES[i % len(ATTRIBUTES)]
         q = TRAIN_QUESTIONS[a][0].format(n=e.name)
-        out.append(EvalItem("bio_qa", "knowledge", f"Question: {q}\nAnswer:", " " + e.value(a), None,
-                            {"entity": e.name, "attribute": a, "seen": True}))
+        out.append(
+            EvalItem(
+                "bio_qa",
+                "knowledge",
+                f"Question: {q}\nAnswer:",
+                " " + e.value(a),
+                None,
+                {"entity": e.name, "attribute": a, "seen": True},
+            )
+        )
     return out

@@ -58,8 +58,11 @@ class Benchmark:
 
     def locate(self, data_dir: str | Path | None) -> Path:
         if data_dir is None:
-            raise ConfigError("--data-dir", f"task {self.name} reads local benchmark files; give the folder "
-                              f"that holds {self.files[0]} ({self.get})")
+            raise ConfigError(
+                "--data-dir",
+                f"task {self.name} reads local benchmark files; give the folder "
+                f"that holds {self.files[0]} ({self.get})",
+            )
         root = Path(data_dir)
         for rel in self.files:
             if (root / rel).exists():
@@ -128,8 +131,17 @@ def _text(s: Any) -> str:
     return " ".join(str(s).split())
 
 
-def _item(task: str, axis: str, prompt: str, answers: list[str], *, choices: list[str] | None = None,
-          meta: dict[str, Any] | None = None, path: Path, where: str) -> EvalItem:
+def _item(
+    task: str,
+    axis: str,
+    prompt: str,
+    answers: list[str],
+    *,
+    choices: list[str] | None = None,
+    meta: dict[str, Any] | None = None,
+    path: Path,
+    where: str,
+) -> EvalItem:
     answers = list(dict.fromkeys(a for a in (_text(a) for a in answers) if a))  # unique, in order
     if not answers:
         raise _err(path, where, "no non-empty answer")
@@ -159,8 +171,11 @@ def parse_triviaqa(path: Path, task: str, axis: str) -> TaskData:
         ans = _get(rec, "Answer", path, where, dict)
         value = _get(ans, "Value", path, f"{where}.Answer")
         aliases = [a for a in ans.get("Aliases", []) if isinstance(a, str)]
-        items.append(_item(task, axis, _qa_prompt(q), [value, *aliases], path=path, where=where,
-                           meta={"id": rec.get("QuestionId")}))
+        items.append(
+            _item(
+                task, axis, _qa_prompt(q), [value, *aliases], path=path, where=where, meta={"id": rec.get("QuestionId")}
+            )
+        )
     return TaskData(items)
 
 
@@ -217,12 +232,14 @@ def parse_squad(path: Path, task: str, axis: str, *, id_prefix: str | None = Non
                 q = _get(qa, "question", path, where)
                 if qa.get("is_impossible"):
                     continue
-                answers = [_get(a, "text", path, f"{where}.answers", str)
-                           for a in _get(qa, "answers", path, where, list)]
+                answers = [
+                    _get(a, "text", path, f"{where}.answers", str) for a in _get(qa, "answers", path, where, list)
+                ]
                 if not answers:
                     continue
-                items.append(_item(task, axis, _passage_prompt(context, q), answers, path=path, where=where,
-                                   meta={"id": qid}))
+                items.append(
+                    _item(task, axis, _passage_prompt(context, q), answers, path=path, where=where, meta={"id": qid})
+                )
     return TaskData(items)
 
 
@@ -254,8 +271,17 @@ def parse_drop(path: Path, task: str, axis: str) -> TaskData:
             q = _get(qa, "question", path, where)
             cands = [_get(qa, "answer", path, where, dict), *qa.get("validated_answers", [])]
             answers = [a for a in (_drop_answer(c) for c in cands if isinstance(c, dict)) if a]
-            items.append(_item(task, axis, _passage_prompt(passage, q), answers, path=path, where=where,
-                               meta={"id": qa.get("query_id")}))
+            items.append(
+                _item(
+                    task,
+                    axis,
+                    _passage_prompt(passage, q),
+                    answers,
+                    path=path,
+                    where=where,
+                    meta={"id": qa.get("query_id")},
+                )
+            )
     return TaskData(items)
 
 
@@ -276,8 +302,17 @@ def parse_coqa(path: Path, task: str, axis: str) -> TaskData:
             a_text = _get(a, "input_text", path, f"{where}.answers[{t}]")
             prompt = f"{history}\nQuestion: {_text(q_text)}\nAnswer:"
             if _text(a_text):
-                items.append(_item(task, axis, prompt, [a_text], path=path, where=f"{where}.answers[{t}]",
-                                   meta={"id": rec.get("id"), "turn": t + 1}))
+                items.append(
+                    _item(
+                        task,
+                        axis,
+                        prompt,
+                        [a_text],
+                        path=path,
+                        where=f"{where}.answers[{t}]",
+                        meta={"id": rec.get("id"), "turn": t + 1},
+                    )
+                )
             history = f"{prompt} {_text(a_text)}"
     return TaskData(items)
 
@@ -313,8 +348,17 @@ def parse_svamp(path: Path, task: str, axis: str) -> TaskData:
         body = _get(rec, "Body", path, where)
         q = _get(rec, "Question", path, where)
         a = _get(rec, "Answer", path, where, (int, float, str))
-        items.append(_item(task, axis, _qa_prompt(f"{_text(body)} {_text(q)}"), [_number(a)], path=path,
-                           where=where, meta={"id": rec.get("ID")}))
+        items.append(
+            _item(
+                task,
+                axis,
+                _qa_prompt(f"{_text(body)} {_text(q)}"),
+                [_number(a)],
+                path=path,
+                where=where,
+                meta={"id": rec.get("ID")},
+            )
+        )
     return TaskData(items)
 
 
@@ -338,8 +382,17 @@ def parse_asdiv(path: Path, task: str, axis: str) -> TaskData:
                 raise _err(path, where, f"missing <{tag}>")
             parts[tag] = text
         answer = parts["Answer"].split(" (")[0].strip()
-        items.append(_item(task, axis, _qa_prompt(f"{_text(parts['Body'])} {_text(parts['Question'])}"),
-                           [_number(answer)], path=path, where=where, meta={"id": prob.get("ID")}))
+        items.append(
+            _item(
+                task,
+                axis,
+                _qa_prompt(f"{_text(parts['Body'])} {_text(parts['Question'])}"),
+                [_number(answer)],
+                path=path,
+                where=where,
+                meta={"id": prob.get("ID")},
+            )
+        )
     if not items:
         raise _err(path, "file", "no <Problem> elements")
     return TaskData(items)
@@ -383,8 +436,11 @@ def parse_arc(path: Path, task: str, axis: str) -> TaskData:
         if key not in labels:
             raise _err(path, where, f"answerKey {key!r} is not one of the labels {labels}")
         gold = texts[labels.index(key)]
-        items.append(_item(task, axis, _qa_prompt(stem), [gold], choices=texts, path=path, where=where,
-                           meta={"id": rec.get("id")}))
+        items.append(
+            _item(
+                task, axis, _qa_prompt(stem), [gold], choices=texts, path=path, where=where, meta={"id": rec.get("id")}
+            )
+        )
     return TaskData(items)
 
 
@@ -433,57 +489,149 @@ def parse_bigbench(path: Path, task: str, axis: str) -> TaskData:
 # ---- the registry ------------------------------------------------------------------------------
 
 _TQA = "https://nlp.cs.washington.edu/triviaqa/"
-BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
-    Benchmark("triviaqa", "knowledge", ("triviaqa/unfiltered-web-dev.json", "triviaqa/verified-web-dev.json"),
-              parse_triviaqa, f"download triviaqa-unfiltered.tar.gz from {_TQA} and put its "
-              "unfiltered-web-dev.json there", shots=5, until=("\n", ".", ","),
-              about="closed-book TriviaQA (unfiltered dev), gold = Answer.Value, exact match on any alias"),
-    Benchmark("nq_open", "knowledge", ("nq_open/NQ-open.dev.jsonl",), parse_qa_jsonl,
-              "download NQ-open.dev.jsonl from https://github.com/google-research-datasets/natural-questions "
-              "(folder nq_open)", shots=5, until=("\n", ".", ","),
-              about="closed-book Natural Questions (open dev set)"),
-    Benchmark("webquestions", "knowledge", ("webquestions/webquestions.examples.test.json",
-                                            "webquestions/test.jsonl"), parse_webquestions,
-              "get webquestions.examples.test.json from the SEMPRE release of WebQuestions "
-              "(Berant et al. 2013; Hugging Face: stanfordnlp/web_questions, test split as JSONL test.jsonl)",
-              shots=5, until=("\n", ".", ","), about="closed-book WebQuestions (test set)"),
-    Benchmark("lambada", "reading", ("lambada/lambada_test.jsonl",), parse_lambada,
-              "download lambada_test.jsonl (OpenAI's LAMBADA, lm-eval's lambada_openai; "
-              "https://openaipublic.blob.core.windows.net/gpt-2/data/lambada_test.jsonl)", accuracy="greedy",
-              match="exact", about="last word of a passage; accuracy = greedy decoding gives the word"),
-    Benchmark("tydiqa_goldp", "reading", ("tydiqa/tydiqa-goldp-v1.1-dev.json",), parse_tydiqa,
-              "download tydiqa-goldp-v1.1-dev.json from https://github.com/google-research-datasets/tydiqa "
-              "(gold passage task)", about="TyDiQA-GoldP, English questions with their gold passage"),
-    Benchmark("squad_v2", "reading", ("squad_v2/dev-v2.0.json",), parse_squad,
-              "download dev-v2.0.json from https://rajpurkar.github.io/SQuAD-explorer/",
-              about="SQuAD v2 dev, answerable questions"),
-    Benchmark("drop", "reading", ("drop/drop_dataset_dev.json",), parse_drop,
-              "download drop_dataset.zip from https://allenai.org/data/drop and extract drop_dataset_dev.json",
-              about="DROP dev: numbers, spans (joined with ', ') or dates"),
-    Benchmark("coqa", "reading", ("coqa/coqa-dev-v1.0.json",), parse_coqa,
-              "download coqa-dev-v1.0.json from https://stanfordnlp.github.io/coqa/",
-              about="CoQA dev: every turn, with the conversation so far"),
-    Benchmark("svamp", "math", ("svamp/SVAMP.json",), parse_svamp,
-              "download SVAMP.json from https://github.com/arkilpatel/SVAMP", match="number",
-              about="SVAMP word problems, numeric answer"),
-    Benchmark("asdiv", "math", ("asdiv/ASDiv.xml",), parse_asdiv,
-              "download dataset/ASDiv.xml from https://github.com/chaochun/nlu-asdiv-dataset", match="number",
-              about="ASDiv word problems, numeric answer (unit dropped)"),
-    Benchmark("mawps", "math", ("mawps/mawps.json", "mawps/mawps.jsonl"), parse_mawps,
-              "get MAWPS (https://github.com/sroy9/mawps; or MWPToolkit's mawps.json) as a JSON list",
-              match="number", about="MAWPS word problems, numeric answer"),
-    Benchmark("arc_easy", "symbolic", ("arc/ARC-Easy-Test.jsonl", "arc/ARC-Easy/ARC-Easy-Test.jsonl"), parse_arc,
-              "download ARC-V1-Feb2018.zip from https://allenai.org/data/arc and put ARC-Easy-Test.jsonl there",
-              accuracy="choice", match="exact", about="ARC-Easy test, multiple choice by lowest loss"),
-    Benchmark("bigbench_dyck_languages", "symbolic", ("bigbench/dyck_languages/task.json",), parse_bigbench,
-              "copy bigbench/benchmark_tasks/dyck_languages/task.json from https://github.com/google/BIG-bench",
-              match="exact", about="BIG-bench Dyck languages: close the brackets"),
-    Benchmark("bigbench_qa_wikidata", "symbolic", ("bigbench/qa_wikidata/task.json",), parse_bigbench,
-              "copy bigbench/benchmark_tasks/qa_wikidata/task.json from https://github.com/google/BIG-bench",
-              about="BIG-bench QA-Wikidata: complete a Wikidata fact"),
-    Benchmark("bigbench_cs_algorithms", "symbolic", ("bigbench/cs_algorithms",), parse_bigbench,
-              "copy the folder bigbench/benchmark_tasks/cs_algorithms (subtasks lcs/, valid_parentheses/) "
-              "from https://github.com/google/BIG-bench", match="exact",
-              about="BIG-bench CS algorithms (both subtasks)"),
-)}
+BENCHMARKS: dict[str, Benchmark] = {
+    b.name: b
+    for b in (
+        Benchmark(
+            "triviaqa",
+            "knowledge",
+            ("triviaqa/unfiltered-web-dev.json", "triviaqa/verified-web-dev.json"),
+            parse_triviaqa,
+            f"download triviaqa-unfiltered.tar.gz from {_TQA} and put its unfiltered-web-dev.json there",
+            shots=5,
+            until=("\n", ".", ","),
+            about="closed-book TriviaQA (unfiltered dev), gold = Answer.Value, exact match on any alias",
+        ),
+        Benchmark(
+            "nq_open",
+            "knowledge",
+            ("nq_open/NQ-open.dev.jsonl",),
+            parse_qa_jsonl,
+            "download NQ-open.dev.jsonl from https://github.com/google-research-datasets/natural-questions "
+            "(folder nq_open)",
+            shots=5,
+            until=("\n", ".", ","),
+            about="closed-book Natural Questions (open dev set)",
+        ),
+        Benchmark(
+            "webquestions",
+            "knowledge",
+            ("webquestions/webquestions.examples.test.json", "webquestions/test.jsonl"),
+            parse_webquestions,
+            "get webquestions.examples.test.json from the SEMPRE release of WebQuestions "
+            "(Berant et al. 2013; Hugging Face: stanfordnlp/web_questions, test split as JSONL test.jsonl)",
+            shots=5,
+            until=("\n", ".", ","),
+            about="closed-book WebQuestions (test set)",
+        ),
+        Benchmark(
+            "lambada",
+            "reading",
+            ("lambada/lambada_test.jsonl",),
+            parse_lambada,
+            "download lambada_test.jsonl (OpenAI's LAMBADA, lm-eval's lambada_openai; "
+            "https://openaipublic.blob.core.windows.net/gpt-2/data/lambada_test.jsonl)",
+            accuracy="greedy",
+            match="exact",
+            about="last word of a passage; accuracy = greedy decoding gives the word",
+        ),
+        Benchmark(
+            "tydiqa_goldp",
+            "reading",
+            ("tydiqa/tydiqa-goldp-v1.1-dev.json",),
+            parse_tydiqa,
+            "download tydiqa-goldp-v1.1-dev.json from https://github.com/google-research-datasets/tydiqa "
+            "(gold passage task)",
+            about="TyDiQA-GoldP, English questions with their gold passage",
+        ),
+        Benchmark(
+            "squad_v2",
+            "reading",
+            ("squad_v2/dev-v2.0.json",),
+            parse_squad,
+            "download dev-v2.0.json from https://rajpurkar.github.io/SQuAD-explorer/",
+            about="SQuAD v2 dev, answerable questions",
+        ),
+        Benchmark(
+            "drop",
+            "reading",
+            ("drop/drop_dataset_dev.json",),
+            parse_drop,
+            "download drop_dataset.zip from https://allenai.org/data/drop and extract drop_dataset_dev.json",
+            about="DROP dev: numbers, spans (joined with ', ') or dates",
+        ),
+        Benchmark(
+            "coqa",
+            "reading",
+            ("coqa/coqa-dev-v1.0.json",),
+            parse_coqa,
+            "download coqa-dev-v1.0.json from https://stanfordnlp.github.io/coqa/",
+            about="CoQA dev: every turn, with the conversation so far",
+        ),
+        Benchmark(
+            "svamp",
+            "math",
+            ("svamp/SVAMP.json",),
+            parse_svamp,
+            "download SVAMP.json from https://github.com/arkilpatel/SVAMP",
+            match="number",
+            about="SVAMP word problems, numeric answer",
+        ),
+        Benchmark(
+            "asdiv",
+            "math",
+            ("asdiv/ASDiv.xml",),
+            parse_asdiv,
+            "download dataset/ASDiv.xml from https://github.com/chaochun/nlu-asdiv-dataset",
+            match="number",
+            about="ASDiv word problems, numeric answer (unit dropped)",
+        ),
+        Benchmark(
+            "mawps",
+            "math",
+            ("mawps/mawps.json", "mawps/mawps.jsonl"),
+            parse_mawps,
+            "get MAWPS (https://github.com/sroy9/mawps; or MWPToolkit's mawps.json) as a JSON list",
+            match="number",
+            about="MAWPS word problems, numeric answer",
+        ),
+        Benchmark(
+            "arc_easy",
+            "symbolic",
+            ("arc/ARC-Easy-Test.jsonl", "arc/ARC-Easy/ARC-Easy-Test.jsonl"),
+            parse_arc,
+            "download ARC-V1-Feb2018.zip from https://allenai.org/data/arc and put ARC-Easy-Test.jsonl there",
+            accuracy="choice",
+            match="exact",
+            about="ARC-Easy test, multiple choice by lowest loss",
+        ),
+        Benchmark(
+            "bigbench_dyck_languages",
+            "symbolic",
+            ("bigbench/dyck_languages/task.json",),
+            parse_bigbench,
+            "copy bigbench/benchmark_tasks/dyck_languages/task.json from https://github.com/google/BIG-bench",
+            match="exact",
+            about="BIG-bench Dyck languages: close the brackets",
+        ),
+        Benchmark(
+            "bigbench_qa_wikidata",
+            "symbolic",
+            ("bigbench/qa_wikidata/task.json",),
+            parse_bigbench,
+            "copy bigbench/benchmark_tasks/qa_wikidata/task.json from https://github.com/google/BIG-bench",
+            about="BIG-bench QA-Wikidata: complete a Wikidata fact",
+        ),
+        Benchmark(
+            "bigbench_cs_algorithms",
+            "symbolic",
+            ("bigbench/cs_algorithms",),
+            parse_bigbench,
+            "copy the folder bigbench/benchmark_tasks/cs_algorithms (subtasks lcs/, valid_parentheses/) "
+            "from https://github.com/google/BIG-bench",
+            match="exact",
+            about="BIG-bench CS algorithms (both subtasks)",
+        ),
+    )
+}
 """Every real benchmark, in report order. Files are relative to ``--data-dir``."""

@@ -42,9 +42,18 @@ def _opt_int(v: Any, name: str) -> int | None:
 class LoopscaleLM(LM):
     """A loopscale model for lm-eval: ``pretrained`` is a run dir (or its model.safetensors)."""
 
-    def __init__(self, pretrained: str | None = None, *, model: Any = None, tokenizer: Any = None,
-                 r: int | str | None = None, batch_size: int | str | None = 32, device: str | None = None,
-                 max_length: int | str | None = None, **_: Any) -> None:
+    def __init__(
+        self,
+        pretrained: str | None = None,
+        *,
+        model: Any = None,
+        tokenizer: Any = None,
+        r: int | str | None = None,
+        batch_size: int | str | None = 32,
+        device: str | None = None,
+        max_length: int | str | None = None,
+        **_: Any,
+    ) -> None:
         super().__init__()
         if model is None:
             if pretrained is None:
@@ -67,8 +76,9 @@ class LoopscaleLM(LM):
     # ---- lm-eval API -------------------------------------------------------------------------
     def loglikelihood(self, requests: list[Any]) -> list[tuple[float, bool]]:
         pairs = [(str(req.args[0]), str(req.args[1])) for req in requests]
-        scores = score_continuations(self.model, self.tok, pairs, r=self.r, batch_size=self.batch_size,
-                                     max_len=self.max_length)
+        scores = score_continuations(
+            self.model, self.tok, pairs, r=self.r, batch_size=self.batch_size, max_len=self.max_length
+        )
         out = [(-s.nll, s.greedy) for s in scores]
         for req, ans in zip(requests, out, strict=True):
             self.cache_hook.add_partial("loglikelihood", req.args, ans)
@@ -81,12 +91,17 @@ class LoopscaleLM(LM):
         owner: list[int] = []
         for i, req in enumerate(requests):
             tokens = self.tok.encode(str(req.args[0]))
-            for ctx, pred in map(make_disjoint_window, get_rolling_token_windows(
-                    tokens, prefix_token=self.tok.bos_id, max_seq_len=self.max_length, context_len=1)):
+            for ctx, pred in map(
+                make_disjoint_window,
+                get_rolling_token_windows(
+                    tokens, prefix_token=self.tok.bos_id, max_seq_len=self.max_length, context_len=1
+                ),
+            ):
                 seqs.append(([*ctx, *pred], len(ctx)))
                 owner.append(i)
-        scored = score_tokens(self.model, seqs, vocab=int(self.model.cfg.vocab_size), r=self.r,
-                              batch_size=self.batch_size)
+        scored = score_tokens(
+            self.model, seqs, vocab=int(self.model.cfg.vocab_size), r=self.r, batch_size=self.batch_size
+        )
         totals = [0.0] * len(requests)
         for i, (nll, _) in zip(owner, scored, strict=True):
             totals[i] -= nll
@@ -99,17 +114,25 @@ class LoopscaleLM(LM):
         for i, req in enumerate(requests):
             kw: dict[str, Any] = dict(req.args[1] or {}) if len(req.args) > 1 else {}
             if kw.get("do_sample") and float(kw.get("temperature", 1.0) or 0.0) > 0:
-                raise ConfigError("gen_kwargs", "loopscale generates greedily; set do_sample=false",
-                                  value=kw.get("do_sample"))
+                raise ConfigError(
+                    "gen_kwargs", "loopscale generates greedily; set do_sample=false", value=kw.get("do_sample")
+                )
             until = kw.get("until") or []
             until = (until,) if isinstance(until, str) else tuple(until)
             max_new = int(kw.get("max_gen_toks", kw.get("max_new_tokens", 256)))
             groups.setdefault((until, max_new), []).append(i)
         out = [""] * len(requests)
         for (until, max_new), idx in groups.items():
-            texts = greedy_generate(self.model, self.tok, [str(requests[i].args[0]) for i in idx],
-                                    max_new_tokens=max_new, until=until, r=self.r, batch_size=self.batch_size,
-                                    max_len=self.max_length)
+            texts = greedy_generate(
+                self.model,
+                self.tok,
+                [str(requests[i].args[0]) for i in idx],
+                max_new_tokens=max_new,
+                until=until,
+                r=self.r,
+                batch_size=self.batch_size,
+                max_len=self.max_length,
+            )
             for i, t in zip(idx, texts, strict=True):
                 out[i] = t
                 self.cache_hook.add_partial("generate_until", requests[i].args, t)

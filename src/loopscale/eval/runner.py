@@ -1,10 +1,10 @@
 """Evaluate one model on tasks: per-item scores -> task scores -> axis scores -> overall.
 
-    task loss     = sum of gold NLL / sum of gold tokens over the task's items   (nats/token, primary)
-    task accuracy = mean over items: multiple choice (gold has the lowest total loss) where an item
-                    has choices, else exact match of greedy decoding (see TaskSpec.accuracy)
-    axis score    = macro average over the axis's tasks (controls such as bio_qa_unseen excluded)
-    overall       = mean of the axis scores
+task loss     = sum of gold NLL / sum of gold tokens over the task's items   (nats/token, primary)
+task accuracy = mean over items: multiple choice (gold has the lowest total loss) where an item
+                has choices, else exact match of greedy decoding (see TaskSpec.accuracy)
+axis score    = macro average over the axis's tasks (controls such as bio_qa_unseen excluded)
+overall       = mean of the axis scores
 """
 
 from __future__ import annotations
@@ -81,17 +81,24 @@ class EvalResult:
         out: dict[str, dict[str, Any]] = {}
         for axis in [a for a in AXES if any(t.axis == a and not t.control for t in self.tasks)]:
             ts = [t for t in self.tasks if t.axis == axis and not t.control]
-            out[axis] = {"loss": _mean([t.loss for t in ts]), "loss_per_byte": _mean([t.loss_per_byte for t in ts]),
-                         "accuracy": _mean([t.accuracy for t in ts]), "n_tasks": len(ts),
-                         "n_items": sum(t.n_items for t in ts)}
+            out[axis] = {
+                "loss": _mean([t.loss for t in ts]),
+                "loss_per_byte": _mean([t.loss_per_byte for t in ts]),
+                "accuracy": _mean([t.accuracy for t in ts]),
+                "n_tasks": len(ts),
+                "n_items": sum(t.n_items for t in ts),
+            }
         return out
 
     def overall(self) -> dict[str, Any]:
         ax = self.axes()
-        return {"loss": _mean([a["loss"] for a in ax.values()]),
-                "loss_per_byte": _mean([a["loss_per_byte"] for a in ax.values()]),
-                "accuracy": _mean([a["accuracy"] for a in ax.values()]), "n_axes": len(ax),
-                "n_items": sum(a["n_items"] for a in ax.values())}
+        return {
+            "loss": _mean([a["loss"] for a in ax.values()]),
+            "loss_per_byte": _mean([a["loss_per_byte"] for a in ax.values()]),
+            "accuracy": _mean([a["accuracy"] for a in ax.values()]),
+            "n_axes": len(ax),
+            "n_items": sum(a["n_items"] for a in ax.values()),
+        }
 
     def knowledge_gap(self) -> float | None:
         """Closed-book loss on unseen minus seen facts (> 0: the model memorised its facts)."""
@@ -102,22 +109,61 @@ class EvalResult:
 
     def rows(self) -> list[dict[str, Any]]:
         """Long format: one row per task, per axis and overall (``level`` says which)."""
-        rows = [{"level": "task", "axis": t.axis, "task": t.task, "loss": t.loss, "loss_per_byte": t.loss_per_byte,
-                 "accuracy": t.accuracy, "n_items": t.n_items, "n_tokens": t.n_tokens, "shots": t.shots,
-                 "control": t.control} for t in self.tasks]
+        rows = [
+            {
+                "level": "task",
+                "axis": t.axis,
+                "task": t.task,
+                "loss": t.loss,
+                "loss_per_byte": t.loss_per_byte,
+                "accuracy": t.accuracy,
+                "n_items": t.n_items,
+                "n_tokens": t.n_tokens,
+                "shots": t.shots,
+                "control": t.control,
+            }
+            for t in self.tasks
+        ]
         for axis, a in self.axes().items():
-            rows.append({"level": "axis", "axis": axis, "task": "", "loss": a["loss"],
-                         "loss_per_byte": a["loss_per_byte"], "accuracy": a["accuracy"], "n_items": a["n_items"],
-                         "n_tokens": None, "shots": None, "control": False})
+            rows.append(
+                {
+                    "level": "axis",
+                    "axis": axis,
+                    "task": "",
+                    "loss": a["loss"],
+                    "loss_per_byte": a["loss_per_byte"],
+                    "accuracy": a["accuracy"],
+                    "n_items": a["n_items"],
+                    "n_tokens": None,
+                    "shots": None,
+                    "control": False,
+                }
+            )
         o = self.overall()
-        rows.append({"level": "overall", "axis": "overall", "task": "", "loss": o["loss"],
-                     "loss_per_byte": o["loss_per_byte"], "accuracy": o["accuracy"], "n_items": o["n_items"],
-                     "n_tokens": None, "shots": None, "control": False})
+        rows.append(
+            {
+                "level": "overall",
+                "axis": "overall",
+                "task": "",
+                "loss": o["loss"],
+                "loss_per_byte": o["loss_per_byte"],
+                "accuracy": o["accuracy"],
+                "n_items": o["n_items"],
+                "n_tokens": None,
+                "shots": None,
+                "control": False,
+            }
+        )
         return rows
 
     def as_dict(self) -> dict[str, Any]:
-        return {"r": self.r, "tasks": [t.as_dict() for t in self.tasks], "axes": self.axes(),
-                "overall": self.overall(), "knowledge_gap": self.knowledge_gap()}
+        return {
+            "r": self.r,
+            "tasks": [t.as_dict() for t in self.tasks],
+            "axes": self.axes(),
+            "overall": self.overall(),
+            "knowledge_gap": self.knowledge_gap(),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EvalResult:
@@ -130,12 +176,20 @@ def _shots_for(shots: int | dict[str, int] | None, spec: TaskSpec) -> int | None
     return shots
 
 
-def evaluate(model: Any, tasks: str | Sequence[str] | Sequence[TaskSpec] = "world", *,
-             tokenizer: Tokenizer | None = None, r: int | None = None, data: DataConfig | None = None,
-             data_dir: str | Path | None = None, shots: int | dict[str, int] | None = None,
-             limit: int | None = None, batch_size: int = 32,
-             progress: Callable[[int, int], None] | None = None,
-             log: Callable[[str], None] | None = None) -> EvalResult:
+def evaluate(
+    model: Any,
+    tasks: str | Sequence[str] | Sequence[TaskSpec] = "world",
+    *,
+    tokenizer: Tokenizer | None = None,
+    r: int | None = None,
+    data: DataConfig | None = None,
+    data_dir: str | Path | None = None,
+    shots: int | dict[str, int] | None = None,
+    limit: int | None = None,
+    batch_size: int = 32,
+    progress: Callable[[int, int], None] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> EvalResult:
     """Score ``model`` on ``tasks`` (names, groups or TaskSpecs) at ``r`` recurrences (None: training r).
 
     ``data`` is the data config the model was trained on (its world holds the knowledge facts);
@@ -162,8 +216,15 @@ def evaluate(model: Any, tasks: str | Sequence[str] | Sequence[TaskSpec] = "worl
     return score_prepared(model, tokenizer, preps, r=r, batch_size=batch_size, progress=progress)
 
 
-def score_prepared(model: Any, tokenizer: Tokenizer, preps: Sequence[Prepared], *, r: int | None = None,
-                   batch_size: int = 32, progress: Callable[[int, int], None] | None = None) -> EvalResult:
+def score_prepared(
+    model: Any,
+    tokenizer: Tokenizer,
+    preps: Sequence[Prepared],
+    *,
+    r: int | None = None,
+    batch_size: int = 32,
+    progress: Callable[[int, int], None] | None = None,
+) -> EvalResult:
     """Score prepared tasks: one batched loss pass over every (prompt, continuation), one greedy
     generation pass per stop-string set."""
     pairs: dict[tuple[str, str], int] = {}
@@ -203,8 +264,16 @@ def score_prepared(model: Any, tokenizer: Tokenizer, preps: Sequence[Prepared], 
     scores = score_continuations(model, tokenizer, list(pairs), r=r, batch_size=batch_size, progress=tick)
     texts: dict[tuple[str, ...], list[str]] = {}
     for until, queue in gens.items():
-        texts[until] = greedy_generate(model, tokenizer, [p for p, _ in queue], max_new_tokens=[m for _, m in queue],
-                                       until=until, r=r, batch_size=batch_size, progress=tick)
+        texts[until] = greedy_generate(
+            model,
+            tokenizer,
+            [p for p, _ in queue],
+            max_new_tokens=[m for _, m in queue],
+            until=until,
+            r=r,
+            batch_size=batch_size,
+            progress=tick,
+        )
 
     results, items_out = [], {}
     for prep, rows in zip(preps, plan, strict=True):
@@ -229,8 +298,19 @@ def score_prepared(model: Any, tokenizer: Tokenizer, preps: Sequence[Prepared], 
         n_bytes = sum(s.n_bytes for s in out)
         nll = sum(s.nll for s in out)
         accs = [s.correct for s in out if s.correct is not None]
-        results.append(TaskScore(spec.name, spec.axis, nll / n_tok, nll / max(n_bytes, 1),
-                                 sum(accs) / len(accs) if accs else None, len(out), n_tok, prep.shots,
-                                 spec.control, sum(1 for s in out if s.truncated)))
+        results.append(
+            TaskScore(
+                spec.name,
+                spec.axis,
+                nll / n_tok,
+                nll / max(n_bytes, 1),
+                sum(accs) / len(accs) if accs else None,
+                len(out),
+                n_tok,
+                prep.shots,
+                spec.control,
+                sum(1 for s in out if s.truncated),
+            )
+        )
         items_out[spec.name] = out
     return EvalResult(results, items_out, r)

@@ -61,8 +61,16 @@ class RunRef:
     problem: str | None = None  # what makes its result.json no valid record (``record.record_problem``)
 
     def meta(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "run_dir": str(self.run_dir), "variant": self.variant, "seed": self.seed,
-                "C": self.C, "r": self.r, "d_model": self.d_model, "val_loss": self.val_loss}
+        return {
+            "run_id": self.run_id,
+            "run_dir": str(self.run_dir),
+            "variant": self.variant,
+            "seed": self.seed,
+            "C": self.C,
+            "r": self.r,
+            "d_model": self.d_model,
+            "val_loss": self.val_loss,
+        }
 
 
 def _num(v: Any) -> float | None:
@@ -95,11 +103,18 @@ def read_run(run_dir: Path, run_id: str | None = None) -> RunRef:
     r = _num(res.get("r", grid.get("r")))
     d = _num(res.get("d_model", grid.get("d_model")))
     seed = _num(grid.get("seed", res.get("seed")))
-    return RunRef(run_dir, str(grid.get("run_id") or run_id or run_dir.name),
-                  str(grid.get("variant") or res.get("variant") or DEFAULT_VARIANT),
-                  _num(grid.get("C", res.get("C"))), int(r) if r is not None else None,
-                  int(d) if d is not None else None, _num(res.get("val_loss")), str(res.get("status", "ok")),
-                  int(seed) if seed is not None else None, problem)
+    return RunRef(
+        run_dir,
+        str(grid.get("run_id") or run_id or run_dir.name),
+        str(grid.get("variant") or res.get("variant") or DEFAULT_VARIANT),
+        _num(grid.get("C", res.get("C"))),
+        int(r) if r is not None else None,
+        int(d) if d is not None else None,
+        _num(res.get("val_loss")),
+        str(res.get("status", "ok")),
+        int(seed) if seed is not None else None,
+        problem,
+    )
 
 
 def _cell_C(C: float | None) -> float | None:
@@ -141,8 +156,9 @@ def find_runs(sweep_dir: str | Path, *, all_runs: bool = False) -> tuple[list[Ru
                 best[key] = ref
         chosen = list(best.values())
     if not chosen:
-        raise ConfigError("SWEEP_DIR", f"no finished run with weights to evaluate ({len(notes)} skipped)",
-                          value=str(root))
+        raise ConfigError(
+            "SWEEP_DIR", f"no finished run with weights to evaluate ({len(notes)} skipped)", value=str(root)
+        )
     chosen.sort(key=lambda x: (x.variant, x.C if x.C is not None else -1.0, x.r or 0, x.d_model or 0, x.run_id))
     return chosen, notes
 
@@ -167,22 +183,42 @@ def r_values_for(model_cfg: Any, r_values: Sequence[int] | None) -> tuple[list[i
     return sorted(rs), notes
 
 
-def _cache_key(run_dir: Path, task_names: list[str], r: int, shots: Any, limit: int | None,
-               data_dir: str | Path | None, dtype: str) -> str:
+def _cache_key(
+    run_dir: Path, task_names: list[str], r: int, shots: Any, limit: int | None, data_dir: str | Path | None, dtype: str
+) -> str:
     w = run_dir / WEIGHTS
     st = w.stat()
-    blob = json.dumps({"v": EVAL_VERSION, "tasks": task_names, "r": r, "shots": shots, "limit": limit, "dtype": dtype,
-                       "data_dir": str(Path(data_dir).resolve()) if data_dir else None,
-                       "weights": [st.st_size, st.st_mtime_ns]}, sort_keys=True)
+    blob = json.dumps(
+        {
+            "v": EVAL_VERSION,
+            "tasks": task_names,
+            "r": r,
+            "shots": shots,
+            "limit": limit,
+            "dtype": dtype,
+            "data_dir": str(Path(data_dir).resolve()) if data_dir else None,
+            "weights": [st.st_size, st.st_mtime_ns],
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def evaluate_run(run: RunRef | str | Path, tasks: str | Sequence[str] = "world", *,
-                 r_values: Sequence[int] | None = None, data_dir: str | Path | None = None,
-                 shots: int | dict[str, int] | None = None, limit: int | None = None, batch_size: int = 32,
-                 device: str = "auto", dtype: str = "auto", use_cache: bool = True,
-                 progress: Callable[[str, int, int], None] | None = None,
-                 log: Callable[[str], None] | None = None) -> tuple[list[EvalResult], list[str]]:
+def evaluate_run(
+    run: RunRef | str | Path,
+    tasks: str | Sequence[str] = "world",
+    *,
+    r_values: Sequence[int] | None = None,
+    data_dir: str | Path | None = None,
+    shots: int | dict[str, int] | None = None,
+    limit: int | None = None,
+    batch_size: int = 32,
+    device: str = "auto",
+    dtype: str = "auto",
+    use_cache: bool = True,
+    progress: Callable[[str, int, int], None] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> tuple[list[EvalResult], list[str]]:
     """Evaluate one trained run at its training r and the extra ``r_values``; (results, notes).
 
     ``log`` hears each stage (model loaded, each task prepared, scoring), so a long evaluation is never silent.
@@ -206,15 +242,15 @@ def evaluate_run(run: RunRef | str | Path, tasks: str | Sequence[str] = "world",
     specs = resolve_tasks(tasks)
     names = [s.name for s in specs]
     if not (ref.run_dir / WEIGHTS).exists():
-        raise ConfigError("checkpoint", f"no {WEIGHTS} in {ref.run_dir} (is the run finished?)",
-                          value=str(ref.run_dir))
+        raise ConfigError("checkpoint", f"no {WEIGHTS} in {ref.run_dir} (is the run finished?)", value=str(ref.run_dir))
     cfg = validate(TrainConfig, load_mapping(ref.run_dir / CONFIG), source=str(ref.run_dir / CONFIG))
     dev = torch.device(resolve_device(device))
     dtype = resolved_dtype(dev, dtype)
     rs, notes = r_values_for(cfg.model, r_values)
     results: dict[int, EvalResult] = {}
-    paths = {r: ref.run_dir / "eval" / f"{_cache_key(ref.run_dir, names, r, shots, limit, data_dir, dtype)}.json"
-             for r in rs}
+    paths = {
+        r: ref.run_dir / "eval" / f"{_cache_key(ref.run_dir, names, r, shots, limit, data_dir, dtype)}.json" for r in rs
+    }
     for r, path in paths.items():
         if use_cache and path.exists():
             with contextlib.suppress(ValueError, KeyError, TypeError):  # a damaged entry is recomputed
@@ -232,6 +268,7 @@ def evaluate_run(run: RunRef | str | Path, tasks: str | Sequence[str] = "world",
             for r in todo:
                 cb: Callable[[int, int], None] | None = None
                 if progress:
+
                     def cb(d: int, t: int, r: int = r) -> None:
                         progress(f"{ref.run_id} r={r}", d, t)
 
@@ -239,8 +276,19 @@ def evaluate_run(run: RunRef | str | Path, tasks: str | Sequence[str] = "world",
                     say(f"{ref.run_id} r={r}: {m}")
 
                 with autocast(dev, dtype):
-                    res = evaluate(model, specs, tokenizer=tokenizer, r=r, data=data, data_dir=data_dir, shots=shots,
-                                   limit=limit, batch_size=batch_size, progress=cb, log=log_line)
+                    res = evaluate(
+                        model,
+                        specs,
+                        tokenizer=tokenizer,
+                        r=r,
+                        data=data,
+                        data_dir=data_dir,
+                        shots=shots,
+                        limit=limit,
+                        batch_size=batch_size,
+                        progress=cb,
+                        log=log_line,
+                    )
                 if cache:
                     atomic_write_json(paths[r], {**res.as_dict(), "run_id": ref.run_id, "tasks_requested": names})
                 results[r] = res
@@ -267,8 +315,12 @@ def _cache_lock(run_dir: Path, use_cache: bool, notes: list[str]) -> Iterator[bo
         yield False
         return
     if lock is None:
-        raise ConfigError("RUN", f"{run_dir} is in use by another process (evaluating it now would mix with it): "
-                          + locks.describe(locks.live(run_dir) or {}, run_dir), value=str(run_dir))
+        raise ConfigError(
+            "RUN",
+            f"{run_dir} is in use by another process (evaluating it now would mix with it): "
+            + locks.describe(locks.live(run_dir) or {}, run_dir),
+            value=str(run_dir),
+        )
     with lock:
         yield True
 
@@ -283,8 +335,11 @@ def _load_weights(run_dir: Path, device: str) -> Any:
         return load_model(run_dir, device=device)
     except (SafetensorError, OSError, RuntimeError) as exc:
         msg = " ".join(str(exc).split())[:200]
-        raise ConfigError("checkpoint", f"{run_dir / WEIGHTS} cannot be loaded ({type(exc).__name__}: {msg}); the "
-                          "file is damaged or truncated: copy it again, or retrain the run") from None
+        raise ConfigError(
+            "checkpoint",
+            f"{run_dir / WEIGHTS} cannot be loaded ({type(exc).__name__}: {msg}); the "
+            "file is damaged or truncated: copy it again, or retrain the run",
+        ) from None
 
 
 def tokenizer_for(cfg: Any) -> Any:
@@ -293,8 +348,9 @@ def tokenizer_for(cfg: Any) -> Any:
 
     tok = make_tokenizer(cfg.data)
     if cfg.model.vocab_size < tok.vocab_size:
-        raise ConfigError("model.vocab_size", f"smaller than the tokenizer's {tok.vocab_size} ids",
-                          value=cfg.model.vocab_size)
+        raise ConfigError(
+            "model.vocab_size", f"smaller than the tokenizer's {tok.vocab_size} ids", value=cfg.model.vocab_size
+        )
     return tok
 
 
@@ -326,8 +382,19 @@ def table_rows(ref: RunRef, results: Sequence[EvalResult]) -> list[dict[str, Any
         meta = {**ref.meta(), "r_eval": res.r}
         for t in res.tasks:
             if not t.control:
-                rows.append({**meta, "axis": t.axis, "task": t.task, "loss": t.loss, "loss_per_byte": t.loss_per_byte,
-                             "accuracy": t.accuracy, "n_items": t.n_items, "n_tokens": t.n_tokens, "shots": t.shots})
+                rows.append(
+                    {
+                        **meta,
+                        "axis": t.axis,
+                        "task": t.task,
+                        "loss": t.loss,
+                        "loss_per_byte": t.loss_per_byte,
+                        "accuracy": t.accuracy,
+                        "n_items": t.n_items,
+                        "n_tokens": t.n_tokens,
+                        "shots": t.shots,
+                    }
+                )
     return rows
 
 
@@ -373,14 +440,25 @@ def write_tables(out_dir: str | Path, rows: list[dict[str, Any]], summary: list[
     return a, s
 
 
-def evaluate_path(path: str | Path, tasks: str | Sequence[str] = "world", *, r_values: Sequence[int] | None = None,
-                  r_values_where: Callable[[RunRef], bool] | None = None,
-                  all_runs: bool = False, out_dir: str | Path | None = None, data_dir: str | Path | None = None,
-                  shots: int | dict[str, int] | None = None, limit: int | None = None, batch_size: int = 32,
-                  device: str = "auto", dtype: str = "auto", use_cache: bool = True,
-                  progress: Callable[[str, int, int], None] | None = None,
-                  on_run: Callable[[RunRef, int, int], None] | None = None,
-                  log: Callable[[str], None] | None = None) -> dict[str, Any]:
+def evaluate_path(
+    path: str | Path,
+    tasks: str | Sequence[str] = "world",
+    *,
+    r_values: Sequence[int] | None = None,
+    r_values_where: Callable[[RunRef], bool] | None = None,
+    all_runs: bool = False,
+    out_dir: str | Path | None = None,
+    data_dir: str | Path | None = None,
+    shots: int | dict[str, int] | None = None,
+    limit: int | None = None,
+    batch_size: int = 32,
+    device: str = "auto",
+    dtype: str = "auto",
+    use_cache: bool = True,
+    progress: Callable[[str, int, int], None] | None = None,
+    on_run: Callable[[RunRef, int, int], None] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Evaluate a run dir (or its model.safetensors) or every selected run of a sweep dir; write the tables.
 
     ``r_values_where`` picks the runs that get the extra ``r_values`` (default: all): a run at r_eval = 16 costs
@@ -405,14 +483,32 @@ def evaluate_path(path: str | Path, tasks: str | Sequence[str] = "world", *, r_v
         if on_run is not None:
             on_run(ref, i, len(refs))
         extra = r_values if r_values_where is None or r_values_where(ref) else None
-        results, run_notes = evaluate_run(ref, tasks, r_values=extra, data_dir=data_dir, shots=shots,
-                                          limit=limit, batch_size=batch_size, device=device, dtype=dtype,
-                                          use_cache=use_cache, progress=progress, log=log)
+        results, run_notes = evaluate_run(
+            ref,
+            tasks,
+            r_values=extra,
+            data_dir=data_dir,
+            shots=shots,
+            limit=limit,
+            batch_size=batch_size,
+            device=device,
+            dtype=dtype,
+            use_cache=use_cache,
+            progress=progress,
+            log=log,
+        )
         notes += [f"{ref.run_id}: {n}" for n in run_notes]
         per_run[ref.run_id] = results
         rows += table_rows(ref, results)
         summary += summary_rows(ref, results)
     target = Path(out_dir) if out_dir is not None else _run_dir(p)
     a, s = write_tables(target, rows, summary)
-    return {"rows": rows, "summary": summary, "results": per_run, "notes": notes, "runs": refs, "axes_csv": a,
-            "summary_csv": s}
+    return {
+        "rows": rows,
+        "summary": summary,
+        "results": per_run,
+        "notes": notes,
+        "runs": refs,
+        "axes_csv": a,
+        "summary_csv": s,
+    }

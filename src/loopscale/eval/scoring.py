@@ -80,27 +80,49 @@ def encode_pair(tokenizer: Tokenizer, prompt: str, gold: str, max_len: int) -> t
     if excess <= 0:
         return ctx + cont, len(ctx), 0
     if len(ctx) - excess >= 1:  # drop prompt tokens after BOS
-        return [ctx[0], *ctx[1 + excess:], *cont], len(ctx) - excess, excess
-    seq = (ctx + cont)[-(max_len + 1):]  # the gold alone is too long: its head becomes context
+        return [ctx[0], *ctx[1 + excess :], *cont], len(ctx) - excess, excess
+    seq = (ctx + cont)[-(max_len + 1) :]  # the gold alone is too long: its head becomes context
     return seq, 1, len(ctx) + len(cont) - len(seq)
 
 
 @torch.no_grad()
-def score_continuations(model: Any, tokenizer: Tokenizer, pairs: Sequence[tuple[str, str]], *,
-                        r: int | None = None, batch_size: int = 32, max_len: int | None = None,
-                        progress: Progress = None) -> list[Continuation]:
+def score_continuations(
+    model: Any,
+    tokenizer: Tokenizer,
+    pairs: Sequence[tuple[str, str]],
+    *,
+    r: int | None = None,
+    batch_size: int = 32,
+    max_len: int | None = None,
+    progress: Progress = None,
+) -> list[Continuation]:
     """Score ``(prompt, gold)`` pairs: loss of each gold given BOS + its prompt, in input order."""
     n_max = _max_len(model, max_len)
     enc = [encode_pair(tokenizer, p, g, n_max) for p, g in pairs]
-    scored = score_tokens(model, [(seq, n_ctx) for seq, n_ctx, _ in enc], vocab=_vocab(model, tokenizer), r=r,
-                          batch_size=batch_size, progress=progress)
-    return [Continuation(nll, len(seq) - n_ctx, len(g.encode("utf-8")), greedy, cut)
-            for (nll, greedy), (seq, n_ctx, cut), (_, g) in zip(scored, enc, pairs, strict=True)]
+    scored = score_tokens(
+        model,
+        [(seq, n_ctx) for seq, n_ctx, _ in enc],
+        vocab=_vocab(model, tokenizer),
+        r=r,
+        batch_size=batch_size,
+        progress=progress,
+    )
+    return [
+        Continuation(nll, len(seq) - n_ctx, len(g.encode("utf-8")), greedy, cut)
+        for (nll, greedy), (seq, n_ctx, cut), (_, g) in zip(scored, enc, pairs, strict=True)
+    ]
 
 
 @torch.no_grad()
-def score_tokens(model: Any, seqs: Sequence[tuple[Sequence[int], int]], *, vocab: int, r: int | None = None,
-                 batch_size: int = 32, progress: Progress = None) -> list[tuple[float, bool]]:
+def score_tokens(
+    model: Any,
+    seqs: Sequence[tuple[Sequence[int], int]],
+    *,
+    vocab: int,
+    r: int | None = None,
+    batch_size: int = 32,
+    progress: Progress = None,
+) -> list[tuple[float, bool]]:
     """The token-level scorer: for each ``(tokens, n_context)``, the NLL (nats) of ``tokens[n_context:]``
     given the tokens before them, and whether greedy decoding reproduces them. The model reads
     ``tokens[:-1]``; sequences are batched longest first, right-padded, returned in input order."""
@@ -108,8 +130,7 @@ def score_tokens(model: Any, seqs: Sequence[tuple[Sequence[int], int]], *, vocab
         raise ConfigError("batch_size", "must be positive", value=batch_size)
     for seq, n_ctx in seqs:
         if not 1 <= n_ctx < len(seq):
-            raise ConfigError("tokens", "need at least one context and one scored token",
-                              value=(len(seq), n_ctx))
+            raise ConfigError("tokens", "need at least one context and one scored token", value=(len(seq), n_ctx))
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):
         model.eval()
@@ -117,7 +138,7 @@ def score_tokens(model: Any, seqs: Sequence[tuple[Sequence[int], int]], *, vocab
     order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i][0]))  # stable: ties keep input order
     out: list[tuple[float, bool]] = [(0.0, False)] * len(seqs)
     for lo in range(0, len(order), batch_size):
-        idx = order[lo: lo + batch_size]
+        idx = order[lo : lo + batch_size]
         T = len(seqs[idx[0]][0]) - 1
         x = torch.zeros(len(idx), T, dtype=torch.long)
         rows, cols, tgt = [], [], []
@@ -135,7 +156,8 @@ def score_tokens(model: Any, seqs: Sequence[tuple[Sequence[int], int]], *, vocab
         lp = torch.log_softmax(sel.double(), dim=-1).gather(1, tgt_t[:, None])[:, 0]
         nll = torch.zeros(len(idx), dtype=torch.float64, device=device).index_add_(0, rows_t, -lp)
         miss = torch.zeros(len(idx), dtype=torch.long, device=device).index_add_(
-            0, rows_t, (sel.argmax(dim=-1) != tgt_t).long())
+            0, rows_t, (sel.argmax(dim=-1) != tgt_t).long()
+        )
         for b, (v, m) in enumerate(zip(nll.cpu().tolist(), miss.cpu().tolist(), strict=True)):
             out[idx[b]] = (v, m == 0)
         if progress is not None:
@@ -146,9 +168,18 @@ def score_tokens(model: Any, seqs: Sequence[tuple[Sequence[int], int]], *, vocab
 
 
 @torch.no_grad()
-def greedy_generate(model: Any, tokenizer: Tokenizer, prompts: Sequence[str], *, max_new_tokens: int | Sequence[int],
-                    until: Sequence[str] = ("\n",), r: int | None = None, batch_size: int = 32,
-                    max_len: int | None = None, progress: Progress = None) -> list[str]:
+def greedy_generate(
+    model: Any,
+    tokenizer: Tokenizer,
+    prompts: Sequence[str],
+    *,
+    max_new_tokens: int | Sequence[int],
+    until: Sequence[str] = ("\n",),
+    r: int | None = None,
+    batch_size: int = 32,
+    max_len: int | None = None,
+    progress: Progress = None,
+) -> list[str]:
     """Greedy continuations of BOS + prompt, cut before the first ``until`` string.
 
     Generation also stops at BOS (a document boundary in training) and after ``max_new_tokens``
@@ -178,7 +209,7 @@ def greedy_generate(model: Any, tokenizer: Tokenizer, prompts: Sequence[str], *,
     for p, m in zip(prompts, limits, strict=True):
         ctx = [tokenizer.bos_id, *tokenizer.encode(p)]
         room = max(n_max - m, 1)
-        ctxs.append(ctx if len(ctx) <= room else [ctx[0], *ctx[len(ctx) - room + 1:]])
+        ctxs.append(ctx if len(ctx) <= room else [ctx[0], *ctx[len(ctx) - room + 1 :]])
     order = sorted(range(len(ctxs)), key=lambda i: len(ctxs[i]))
     # Batches of similar prompt length: a row longer than the batch's shortest is fed its extra
     # prompt tokens one step at a time, so the spread is kept within the generation length.

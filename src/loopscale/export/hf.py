@@ -26,14 +26,30 @@ def hf_config(cfg: Any, *, bos_id: int) -> dict[str, Any]:
     return {
         "architectures": ["LoopscaleForCausalLM"],
         "model_type": "loopscale",
-        "auto_map": {"AutoConfig": "modeling_loopscale.LoopscaleConfig",
-                     "AutoModelForCausalLM": "modeling_loopscale.LoopscaleForCausalLM"},
-        "vocab_size": m.vocab_size, "hidden_size": m.width, "head_dim": m.head_dim,
-        "n_prelude": m.n_prelude, "n_recur": m.n_recur, "n_coda": m.n_coda,
-        "train_recur": m.r, "num_recur": m.r, "injection": m.injection, "hc_lanes": m.hc_lanes,
-        "r1_looped": m.r1_looped, "mlp_ratio": m.mlp_ratio, "softcap": m.softcap, "rope_base": m.rope_base,
-        "norm_eps": m.norm_eps, "max_position_embeddings": m.seq_len,
-        "bos_token_id": bos_id, "eos_token_id": bos_id, "tie_word_embeddings": False, "torch_dtype": "float32",
+        "auto_map": {
+            "AutoConfig": "modeling_loopscale.LoopscaleConfig",
+            "AutoModelForCausalLM": "modeling_loopscale.LoopscaleForCausalLM",
+        },
+        "vocab_size": m.vocab_size,
+        "hidden_size": m.width,
+        "head_dim": m.head_dim,
+        "n_prelude": m.n_prelude,
+        "n_recur": m.n_recur,
+        "n_coda": m.n_coda,
+        "train_recur": m.r,
+        "num_recur": m.r,
+        "injection": m.injection,
+        "hc_lanes": m.hc_lanes,
+        "r1_looped": m.r1_looped,
+        "mlp_ratio": m.mlp_ratio,
+        "softcap": m.softcap,
+        "rope_base": m.rope_base,
+        "norm_eps": m.norm_eps,
+        "max_position_embeddings": m.seq_len,
+        "bos_token_id": bos_id,
+        "eos_token_id": bos_id,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
     }
 
 
@@ -82,8 +98,9 @@ def _with_bos(tokenizer_json: str, bos: str, bos_id: int) -> str:
     from tokenizers import Tokenizer, processors
 
     tok = Tokenizer.from_str(tokenizer_json)
-    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B:1",
-                                                       special_tokens=[(bos, bos_id)])
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B:1", special_tokens=[(bos, bos_id)]
+    )
     return tok.to_str()
 
 
@@ -102,15 +119,25 @@ def _tokenizer_files(cfg: Any) -> tuple[str, str, int]:
 def model_card(cfg: Any, run_dir: Path, result: dict[str, Any] | None) -> str:
     m = cfg.model
     looped = m.r > 1 or m.r1_looped
-    layout = (f"{m.n_prelude} prelude + {m.n_recur} recurrent x r = {m.r} + {m.n_coda} coda blocks"
-              if looped else f"{m.L_eff} unique blocks (the plain, non-looped r = 1 baseline)")
+    layout = (
+        f"{m.n_prelude} prelude + {m.n_recur} recurrent x r = {m.r} + {m.n_coda} coda blocks"
+        if looped
+        else f"{m.L_eff} unique blocks (the plain, non-looped r = 1 baseline)"
+    )
     val = result.get("val_loss") if result else None
     lines = [
-        "---", "library_name: transformers", "tags: [loopscale, looped-transformer, depth-recurrence]", "---", "",
-        f"# {run_dir.name}: a looped transformer trained with loopscale", "",
+        "---",
+        "library_name: transformers",
+        "tags: [loopscale, looped-transformer, depth-recurrence]",
+        "---",
+        "",
+        f"# {run_dir.name}: a looped transformer trained with loopscale",
+        "",
         "A prelude-recur-coda language model (arXiv 2604.21106 §2): the recurrent blocks share weights and "
-        "run r times, with the loop's state fed back through an input injection.", "",
-        "| | |", "|---|---|",
+        "run r times, with the loop's state fed back through an input injection.",
+        "",
+        "| | |",
+        "|---|---|",
         f"| layout | {layout} |",
         f"| effective depth L_eff | {m.L_eff} |",
         f"| width d_model / head_dim | {m.width} / {m.head_dim} |",
@@ -125,7 +152,10 @@ def model_card(cfg: Any, run_dir: Path, result: dict[str, Any] | None) -> str:
     if result and result.get("val_bpb") is not None:
         lines.append(f"| validation bits per byte | {result['val_bpb']:.4f} |")
     lines += [
-        "", "## Load", "", "```python",
+        "",
+        "## Load",
+        "",
+        "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
         "model = AutoModelForCausalLM.from_pretrained(PATH, trust_remote_code=True)",
         "tok = AutoTokenizer.from_pretrained(PATH)",
@@ -133,14 +163,17 @@ def model_card(cfg: Any, run_dir: Path, result: dict[str, Any] | None) -> str:
         f"logits = model(ids).logits                # r = {m.r}, as trained",
         "logits = model(ids, r=8).logits           # test-time recurrences (looped models)",
         "model.config.num_recur = 8                # or for every call, generate included",
-        "```", "",
+        "```",
+        "",
         "`modeling_loopscale.py` needs only torch and transformers. Evaluate with lm-evaluation-harness:",
-        "", "```bash",
-        "lm_eval --model hf --model_args pretrained=PATH,trust_remote_code=True --tasks lambada_openai "
-        "--device cpu",
-        "```", "",
+        "",
+        "```bash",
+        "lm_eval --model hf --model_args pretrained=PATH,trust_remote_code=True --tasks lambada_openai --device cpu",
+        "```",
+        "",
         "Exported by `loopscale export` from the run's model.safetensors and config.toml (config.toml is kept "
-        "beside this card as loopscale_config.toml).", "",
+        "beside this card as loopscale_config.toml).",
+        "",
     ]
     return "\n".join(lines)
 
@@ -159,9 +192,13 @@ def export_hf(run_dir: str | Path, out: str | Path, *, overwrite: bool = False) 
     locks.refuse_if_held(run_dir, field="RUN", doing="exporting it")
     model, cfg = load_model(run_dir)
     if cfg.model.technique is not None:
-        raise ConfigError("RUN", f"trained with a technique from your own code ({cfg.model.technique}); the Hugging "
-                          "Face folder's modeling_loopscale.py cannot carry it, so it is not exported (evaluate it "
-                          "with `loopscale eval`)", value=str(run_dir))
+        raise ConfigError(
+            "RUN",
+            f"trained with a technique from your own code ({cfg.model.technique}); the Hugging "
+            "Face folder's modeling_loopscale.py cannot carry it, so it is not exported (evaluate it "
+            "with `loopscale eval`)",
+            value=str(run_dir),
+        )
     if out.exists() and any(p.name not in (locks.LOCK, locks.TAKEOVER) for p in out.iterdir()) and not overwrite:
         raise ConfigError("OUT", "exists and is not empty; give --overwrite to replace its files", value=str(out))
     tok_json, bos, bos_id = _tokenizer_files(cfg)
@@ -184,12 +221,20 @@ def _write_hf(out: Path, model: Any, cfg: Any, run_dir: Path, tok_json: str, bos
     atomic_write_bytes(out / "model.safetensors", save(unpadded_state_dict(model), metadata={"format": "pt"}))
     atomic_write_text(out / "config.json", json.dumps(hf_config(cfg, bos_id=bos_id), indent=2) + "\n")
     atomic_write_text(out / "tokenizer.json", _with_bos(tok_json, bos, bos_id))
-    tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": bos,
-               "add_bos_token": True, "model_max_length": cfg.model.seq_len, "clean_up_tokenization_spaces": False}
+    tok_cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": bos,
+        "eos_token": bos,
+        "add_bos_token": True,
+        "model_max_length": cfg.model.seq_len,
+        "clean_up_tokenization_spaces": False,
+    }
     atomic_write_text(out / "tokenizer_config.json", json.dumps(tok_cfg, indent=2) + "\n")
     atomic_write_text(out / "special_tokens_map.json", json.dumps({"bos_token": bos, "eos_token": bos}) + "\n")
-    atomic_write_text(out / "generation_config.json",
-                      json.dumps({"bos_token_id": bos_id, "eos_token_id": bos_id, "do_sample": False}) + "\n")
+    atomic_write_text(
+        out / "generation_config.json",
+        json.dumps({"bos_token_id": bos_id, "eos_token_id": bos_id, "do_sample": False}) + "\n",
+    )
     atomic_write_bytes(out / MODELING, (resources.files("loopscale.export") / MODELING).read_bytes())
     atomic_write_bytes(out / "loopscale_config.toml", (run_dir / CONFIG).read_bytes())
     atomic_write_text(out / "README.md", model_card(cfg, run_dir, read_result(run_dir)))

@@ -28,11 +28,26 @@ class LoopscaleConfig(PretrainedConfig):
 
     model_type = "loopscale"
 
-    def __init__(self, vocab_size: int = 257, hidden_size: int = 64, head_dim: int = 16, n_prelude: int = 1,
-                 n_recur: int = 1, n_coda: int = 1, train_recur: int = 1, num_recur: int | None = None,
-                 injection: str = "linear", hc_lanes: int = 2, r1_looped: bool = False, mlp_ratio: int = 4,
-                 softcap: float | None = 15.0, rope_base: float = 10000.0, norm_eps: float = 1e-6,
-                 max_position_embeddings: int = 2048, **kwargs) -> None:
+    def __init__(
+        self,
+        vocab_size: int = 257,
+        hidden_size: int = 64,
+        head_dim: int = 16,
+        n_prelude: int = 1,
+        n_recur: int = 1,
+        n_coda: int = 1,
+        train_recur: int = 1,
+        num_recur: int | None = None,
+        injection: str = "linear",
+        hc_lanes: int = 2,
+        r1_looped: bool = False,
+        mlp_ratio: int = 4,
+        softcap: float | None = 15.0,
+        rope_base: float = 10000.0,
+        norm_eps: float = 1e-6,
+        max_position_embeddings: int = 2048,
+        **kwargs,
+    ) -> None:
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.head_dim = head_dim
@@ -223,9 +238,15 @@ class LoopscaleForCausalLM(PreTrainedModel, GenerationMixin):
             raise ValueError(f"hyperconnect has lane scalars for {cfg.train_recur} recurrences only, not r = {r}")
         return r
 
-    def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
-                labels: torch.LongTensor | None = None, r: int | None = None, return_dict: bool | None = None,
-                **kwargs) -> CausalLMOutput:
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        r: int | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> CausalLMOutput:
         """Logits [B, T, vocab] in fp32. A 0/1 ``attention_mask`` (left padding) masks keys and counts positions."""
         r = self._check_r(r)
         B, T = input_ids.shape
@@ -259,12 +280,14 @@ class LoopscaleForCausalLM(PreTrainedModel, GenerationMixin):
             logits = self.config.softcap * torch.tanh(logits / self.config.softcap)
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1),
-                                   ignore_index=-100)
+            loss = F.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1), ignore_index=-100
+            )
         return CausalLMOutput(loss=loss, logits=logits)
 
-    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
-                                      r: int | None = None, **kwargs) -> dict:
+    def prepare_inputs_for_generation(
+        self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None, r: int | None = None, **kwargs
+    ) -> dict:
         """The whole sequence at every step: no cache (see the module docstring)."""
         return {"input_ids": input_ids, "attention_mask": attention_mask, "r": r}
 

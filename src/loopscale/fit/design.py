@@ -103,8 +103,14 @@ def estimate_noise(runs: pd.DataFrame, theta: np.ndarray, source: str = "runs ta
     df = runs.reset_index(drop=True)
     res = df["val_loss"].to_numpy(float) - predict_theta(theta, df["N_once"], df["N_rec"], df["D"], df["r"])
     cells = grid_cells(df) if "C" in df.columns else np.arange(len(df))
-    point = pd.factorize(pd.Series([f"{a:.6g}|{b:.6g}|{c:.6g}|{r}" for a, b, c, r in
-                                    zip(df["N_once"], df["N_rec"], df["D"], df["r"], strict=True)]))[0]
+    point = pd.factorize(
+        pd.Series(
+            [
+                f"{a:.6g}|{b:.6g}|{c:.6g}|{r}"
+                for a, b, c, r in zip(df["N_once"], df["N_rec"], df["D"], df["r"], strict=True)
+            ]
+        )
+    )[0]
     frame = pd.DataFrame({"res": res, "cell": cells, "point": point})
     seeds = frame.groupby("point")["res"]
     if (seeds.size() > 1).any():
@@ -135,8 +141,10 @@ def simulate_table(grid: pd.DataFrame, theta: np.ndarray, noise: Noise, seed: in
     C = budget_values(grid)
     cell_keys = [f"cell|{c:.3g}|{r}" for c, r in zip(C, grid["r"], strict=True)]
     seeds = grid["seed"] if "seed" in grid.columns else np.zeros(len(grid), dtype=int)
-    run_keys = [f"run|{c:.3g}|{r}|{n:.6g}|{sd}" for c, r, n, sd in
-                zip(C, grid["r"], grid["N_once"] + grid["N_rec"], seeds, strict=True)]
+    run_keys = [
+        f"run|{c:.3g}|{r}|{n:.6g}|{sd}"
+        for c, r, n, sd in zip(C, grid["r"], grid["N_once"] + grid["N_rec"], seeds, strict=True)
+    ]
     uniq, inv = np.unique(cell_keys, return_inverse=True)
     u = _keyed_normal(uniq, seed, i)[inv.ravel()]
     return clean + noise.cell_sd * u + noise.run_sd * _keyed_normal(run_keys, seed, i)
@@ -156,17 +164,35 @@ def _one(job: tuple[pd.DataFrame, np.ndarray, Noise, DesignSettings, int, bool])
     # The search (no bootstrap) also starts from the prior: it measures each grid's precision, and P(at box)
     # still shows grids whose fits escape to the box. Full simulations use random starts only, as `fit` does.
     extra = None if with_bootstrap else theta[None]
-    best = multistart(data, bounds=bounds, loss=st.loss, delta=st.delta, restarts=st.restarts,
-                      polish=2 if with_bootstrap else 1, advance=16 if with_bootstrap else 4, seed=rng,
-                      extra_starts=extra)[0]
+    best = multistart(
+        data,
+        bounds=bounds,
+        loss=st.loss,
+        delta=st.delta,
+        restarts=st.restarts,
+        polish=2 if with_bootstrap else 1,
+        advance=16 if with_bootstrap else 4,
+        seed=rng,
+        extra_starts=extra,
+    )[0]
     phi = float(best.theta[PHI])
     span = bounds.upper[PHI] - bounds.lower[PHI]
-    out: dict[str, Any] = {"phi": phi, "at_bound": bool(min(phi - bounds.lower[PHI], bounds.upper[PHI] - phi)
-                                                        <= 1e-6 * span)}
+    out: dict[str, Any] = {
+        "phi": phi,
+        "at_bound": bool(min(phi - bounds.lower[PHI], bounds.upper[PHI] - phi) <= 1e-6 * span),
+    }
     if with_bootstrap and st.bootstrap:
         W = cell_counts(int(cells.max()) + 1, st.bootstrap, rng)[:, cells]
-        fits = refit_batch(data, W, best.theta[None], bounds=bounds, loss=st.loss, delta=st.delta,
-                           random_starts=st.bootstrap_random_starts, seed=rng)
+        fits = refit_batch(
+            data,
+            W,
+            best.theta[None],
+            bounds=bounds,
+            loss=st.loss,
+            delta=st.delta,
+            random_starts=st.bootstrap_random_starts,
+            seed=rng,
+        )
         draws = np.where(fits.phi_identifiable, fits.theta[:, PHI], np.nan)
         out["ci"] = percentile_ci(draws, st.ci_level)
         out["bracketed"] = _bracketed(grid, L)
@@ -174,8 +200,9 @@ def _one(job: tuple[pd.DataFrame, np.ndarray, Noise, DesignSettings, int, bool])
         from loopscale.fit.inference import profile as inference
 
         v = inference.webb_weights(int(cells.max()) + 1, st.lr_draws, rng)
-        state = inference.VariantInference.run(best.theta, best.objective, bounds, data, cells, v, st.loss,
-                                                st.delta, st.seed + i)
+        state = inference.VariantInference.run(
+            best.theta, best.objective, bounds, data, cells, v, st.loss, st.delta, st.seed + i
+        )
         out["lr_ci"] = tuple(state.interval(st.ci_level)["ci"])
     return out
 
@@ -268,8 +295,15 @@ def spread(x: np.ndarray, at_bound: np.ndarray) -> float:
     return float(np.std(x, ddof=1)) if x.size >= 3 else float("nan")
 
 
-def simulate(grid: pd.DataFrame, prior: dict[str, float], noise: Noise, settings: DesignSettings | None = None,
-             *, progress: Callable[[int, int], None] | None = None, with_bootstrap: bool = True) -> DesignResult:
+def simulate(
+    grid: pd.DataFrame,
+    prior: dict[str, float],
+    noise: Noise,
+    settings: DesignSettings | None = None,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    with_bootstrap: bool = True,
+) -> DesignResult:
     """Simulate the study ``settings.sims`` times and fit each simulated table with the real fitter.
 
     A grid where no simulated fit determines φ gives NaN widths (shown as such), not numpy's warnings."""
@@ -280,8 +314,15 @@ def simulate(grid: pd.DataFrame, prior: dict[str, float], noise: Noise, settings
         return _simulate(grid, prior, noise, settings, progress=progress, with_bootstrap=with_bootstrap)
 
 
-def _simulate(grid: pd.DataFrame, prior: dict[str, float], noise: Noise, settings: DesignSettings | None,
-              *, progress: Callable[[int, int], None] | None, with_bootstrap: bool) -> DesignResult:
+def _simulate(
+    grid: pd.DataFrame,
+    prior: dict[str, float],
+    noise: Noise,
+    settings: DesignSettings | None,
+    *,
+    progress: Callable[[int, int], None] | None,
+    with_bootstrap: bool,
+) -> DesignResult:
     import time
 
     st = settings or DesignSettings()
@@ -297,26 +338,44 @@ def _simulate(grid: pd.DataFrame, prior: dict[str, float], noise: Noise, setting
     bound = np.array([r["at_bound"] for r in rows], dtype=bool)
     z = _z(st.ci_level)
     res = DesignResult(
-        n_runs=len(g), n_cells=int(grid_cells(g).max()) + 1, cost_flops=study_cost(g), phi_true=phi_true,
-        noise=noise, settings=st, sims=len(rows), ci_width=float("nan"), ci_width_sd=float("nan"),
-        sampling_width=2 * z * spread(phis, bound), bias=float(np.nanmedian(phis) - phi_true),
-        coverage=float("nan"), reject_0=float("nan"), reject_1=float("nan"),
+        n_runs=len(g),
+        n_cells=int(grid_cells(g).max()) + 1,
+        cost_flops=study_cost(g),
+        phi_true=phi_true,
+        noise=noise,
+        settings=st,
+        sims=len(rows),
+        ci_width=float("nan"),
+        ci_width_sd=float("nan"),
+        sampling_width=2 * z * spread(phis, bound),
+        bias=float(np.nanmedian(phis) - phi_true),
+        coverage=float("nan"),
+        reject_0=float("nan"),
+        reject_1=float("nan"),
         at_bound=float(np.mean(bound)),
     )
     if with_bootstrap and st.bootstrap:
         iv = _intervals(np.array([r["ci"] for r in rows], dtype=float), phi_true, bound, st)
         res.ci_width, res.ci_width_sd = iv["mean"], iv["sd"]
-        res.coverage, res.reject_0, res.reject_1, res.identified = (iv["coverage"], iv["reject_0"],
-                                                                    iv["reject_1"], iv["resolved"])
-        keys = sorted({k for r in rows for k in r["bracketed"]}, key=lambda k: (float(k.split("|")[0]),
-                                                                                 int(k.split("|")[1])))
+        res.coverage, res.reject_0, res.reject_1, res.identified = (
+            iv["coverage"],
+            iv["reject_0"],
+            iv["reject_1"],
+            iv["resolved"],
+        )
+        keys = sorted(
+            {k for r in rows for k in r["bracketed"]}, key=lambda k: (float(k.split("|")[0]), int(k.split("|")[1]))
+        )
         res.bracketed = {k: float(np.mean([r["bracketed"].get(k, False) for r in rows])) for k in keys}
     if with_bootstrap and st.lr_draws:  # the interval `fit` quotes; the verdict reads it, so "resolved" too
-        iv = _intervals(np.array([r.get("lr_ci", (np.nan, np.nan)) for r in rows], dtype=float), phi_true, bound,
-                        st)
+        iv = _intervals(np.array([r.get("lr_ci", (np.nan, np.nan)) for r in rows], dtype=float), phi_true, bound, st)
         res.lr_ci_width, res.lr_ci_width_median = iv["mean"], iv["median"]
-        res.lr_coverage, res.lr_reject_0, res.lr_reject_1, res.identified = (iv["coverage"], iv["reject_0"],
-                                                                             iv["reject_1"], iv["resolved"])
+        res.lr_coverage, res.lr_reject_0, res.lr_reject_1, res.identified = (
+            iv["coverage"],
+            iv["reject_0"],
+            iv["reject_1"],
+            iv["resolved"],
+        )
     res.wall_s = time.perf_counter() - t0
     return res
 
@@ -328,12 +387,18 @@ def _intervals(ci: np.ndarray, phi_true: float, bound: np.ndarray, st: DesignSet
     lo, hi = st.phi_bounds
     tol = 1e-3 * (hi - lo)
     width_all = np.where(ok, ci[:, 1] - ci[:, 0], np.inf)
-    resolved = (ok & (width_all <= MAX_CI_WIDTH) & (width_all > 0) & ~bound
-                & (ci[:, 0] > lo + tol) & (ci[:, 1] < hi - tol))
-    return {"mean": float(np.mean(width)), "sd": float(np.std(width)), "median": float(np.median(width)),
-            "coverage": float(np.mean((ci[ok, 0] <= phi_true) & (phi_true <= ci[ok, 1]))),
-            "reject_0": float(np.mean((ci[ok, 0] > 0) | (ci[ok, 1] < 0))),
-            "reject_1": float(np.mean((ci[ok, 0] > 1) | (ci[ok, 1] < 1))), "resolved": float(np.mean(resolved))}
+    resolved = (
+        ok & (width_all <= MAX_CI_WIDTH) & (width_all > 0) & ~bound & (ci[:, 0] > lo + tol) & (ci[:, 1] < hi - tol)
+    )
+    return {
+        "mean": float(np.mean(width)),
+        "sd": float(np.std(width)),
+        "median": float(np.median(width)),
+        "coverage": float(np.mean((ci[ok, 0] <= phi_true) & (phi_true <= ci[ok, 1]))),
+        "reject_0": float(np.mean((ci[ok, 0] > 0) | (ci[ok, 1] < 0))),
+        "reject_1": float(np.mean((ci[ok, 0] > 1) | (ci[ok, 1] < 1))),
+        "resolved": float(np.mean(resolved)),
+    }
 
 
 def check_grid(grid: pd.DataFrame) -> None:
@@ -347,8 +412,9 @@ def check_grid(grid: pd.DataFrame) -> None:
 
 
 # ---- grid variants and the search ------------------------------------------------------------
-def variants(grid: pd.DataFrame, seeds: Iterable[int] = (1, 2, 3), scales: Iterable[float] = (0.5, 2.0)
-             ) -> dict[str, pd.DataFrame]:
+def variants(
+    grid: pd.DataFrame, seeds: Iterable[int] = (1, 2, 3), scales: Iterable[float] = (0.5, 2.0)
+) -> dict[str, pd.DataFrame]:
     """Cheaper and dearer versions of a grid: as planned, every other budget, each budget dropped, the extreme
     widths dropped, fewer or more seeds per run, all budgets scaled (same widths, D scaled with C)."""
     out: dict[str, pd.DataFrame] = {"as planned": grid}
@@ -372,7 +438,8 @@ def variants(grid: pd.DataFrame, seeds: Iterable[int] = (1, 2, 3), scales: Itera
     for k in seeds:
         if k != base_seeds:
             out[f"{k} seed{'s' if k > 1 else ''} per run"] = pd.concat(
-                [points.assign(seed=j) for j in range(k)], ignore_index=True)
+                [points.assign(seed=j) for j in range(k)], ignore_index=True
+            )
     for f in scales:
         out[f"budgets x {f:g}"] = grid.assign(C=grid["C"] * f, D=grid["D"] * f)
     return out
@@ -389,9 +456,16 @@ class SearchRow:
     at_bound: float
 
 
-def search(grid: pd.DataFrame, prior: dict[str, float], noise: Noise, settings: DesignSettings | None = None,
-           *, target: float | None = None, sims: int = 20,
-           progress: Callable[[str], None] | None = None) -> tuple[list[SearchRow], SearchRow | None]:
+def search(
+    grid: pd.DataFrame,
+    prior: dict[str, float],
+    noise: Noise,
+    settings: DesignSettings | None = None,
+    *,
+    target: float | None = None,
+    sims: int = 20,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[list[SearchRow], SearchRow | None]:
     """Every grid variant, its cost and expected phi width (sampling spread, no bootstrap), cheapest first;
     and the cheapest that reaches ``target`` (None if none does)."""
     st = settings or DesignSettings()
@@ -402,8 +476,9 @@ def search(grid: pd.DataFrame, prior: dict[str, float], noise: Noise, settings: 
         if progress:
             progress(f"search: {name} ({len(g)} runs)")
         r = simulate(g, prior, noise, st, with_bootstrap=False)
-        rows.append(SearchRow(name, r.n_runs, r.cost_flops, r.cost_flops / base_cost, r.sampling_width, r.bias,
-                              r.at_bound))
+        rows.append(
+            SearchRow(name, r.n_runs, r.cost_flops, r.cost_flops / base_cost, r.sampling_width, r.bias, r.at_bound)
+        )
     rows.sort(key=lambda x: x.cost_flops)
     best = None
     if target is not None:

@@ -93,8 +93,9 @@ def check_numbers(doc: dict[str, Any], source: str) -> None:
     coefficients (E, A, B > 0 and finite; alpha, beta finite; phi finite within +-100 or null) and the
     runs' ``tokens_per_step`` (a positive integer or null)."""
     if not isinstance(doc["variants"], dict):
-        raise ConfigError("variants", "expected an object of variants", value=type(doc["variants"]).__name__,
-                          source=source)
+        raise ConfigError(
+            "variants", "expected an object of variants", value=type(doc["variants"]).__name__, source=source
+        )
     for name, rec in doc["variants"].items():
         where = f"variants.{name}"
         if not isinstance(rec, dict):
@@ -112,14 +113,24 @@ def check_numbers(doc: dict[str, Any], source: str) -> None:
             if ok and k == "phi":
                 ok = abs(float(x or 0)) <= MAX_ABS_PHI
             if not ok:
-                want = {"E": "a number > 0", "A": "a number > 0", "B": "a number > 0",
-                        "phi": f"a finite number within ±{MAX_ABS_PHI:g}, or null"}.get(k, "a finite number")
+                want = {
+                    "E": "a number > 0",
+                    "A": "a number > 0",
+                    "B": "a number > 0",
+                    "phi": f"a finite number within ±{MAX_ABS_PHI:g}, or null",
+                }.get(k, "a finite number")
                 raise ConfigError(f"{where}.law.params.{k}", f"expected {want}", value=x, source=source)
     tps = doc.get("tokens_per_step")
-    if tps is not None and not (isinstance(tps, int | float) and not isinstance(tps, bool) and math.isfinite(tps)
-                                and tps >= 1 and float(tps).is_integer()):
-        raise ConfigError("tokens_per_step", "expected a positive whole number of tokens, or null", value=tps,
-                          source=source)
+    if tps is not None and not (
+        isinstance(tps, int | float)
+        and not isinstance(tps, bool)
+        and math.isfinite(tps)
+        and tps >= 1
+        and float(tps).is_integer()
+    ):
+        raise ConfigError(
+            "tokens_per_step", "expected a positive whole number of tokens, or null", value=tps, source=source
+        )
 
 
 def load_fit(path: str | Path) -> Any:

@@ -81,20 +81,31 @@ def derived_from_params(p: dict[str, Any], rs: list[int]) -> dict[str, Any]:
 
 def law_record(law: JointLaw) -> LawRecord:
     """The joint law's optimum and how the optimiser got there."""
-    return LawRecord(params=law.params_, theta=law.theta_.tolist(), objective=law.objective_,
-                     converged=law.converged_, n_iter=law.n_iter_, message=law.message_, grad_max=law.grad_max_,
-                     at_bounds=law.at_bounds_, minima=law.minima_, n_near_optimal=law.n_near_optimal_,
-                     phi_identifiable=law.phi_identifiable_)
+    return LawRecord(
+        params=law.params_,
+        theta=law.theta_.tolist(),
+        objective=law.objective_,
+        converged=law.converged_,
+        n_iter=law.n_iter_,
+        message=law.message_,
+        grad_max=law.grad_max_,
+        at_bounds=law.at_bounds_,
+        minima=law.minima_,
+        n_near_optimal=law.n_near_optimal_,
+        phi_identifiable=law.phi_identifiable_,
+    )
 
 
 def metrics(law: JointLaw) -> Metrics:
-    return Metrics(r2=law.r2_, rmse=law.rmse_, rmse_per_r={str(k): v for k, v in law.rmse_per_r_.items()},
-                   n_runs=law.n_runs_)
+    return Metrics(
+        r2=law.r2_, rmse=law.rmse_, rmse_per_r={str(k): v for k, v in law.rmse_per_r_.items()}, n_runs=law.n_runs_
+    )
 
 
 def _sub_fit(law: JointLaw, params: dict[str, Any]) -> SubFit:
-    return SubFit(params=params, objective=law.objective_, converged=law.converged_,
-                  **metrics(law).model_dump(exclude_unset=True))
+    return SubFit(
+        params=params, objective=law.objective_, converged=law.converged_, **metrics(law).model_dump(exclude_unset=True)
+    )
 
 
 def fit_law(vr: VariantRuns) -> JointLaw:
@@ -107,8 +118,9 @@ def fit_law(vr: VariantRuns) -> JointLaw:
     if law.at_bounds_:
         vr.warn(f"parameters at the box's bounds: {', '.join(law.at_bounds_)}")
     if law.n_near_optimal_ > 1:
-        vr.warn(f"{law.n_near_optimal_} distinct minima within 1% of the best objective; see law.minima in the fit "
-                "file")
+        vr.warn(
+            f"{law.n_near_optimal_} distinct minima within 1% of the best objective; see law.minima in the fit file"
+        )
     return law
 
 
@@ -189,9 +201,18 @@ def fit_bootstrap(vr: VariantRuns, law: JointLaw, W: np.ndarray) -> BootstrapFit
         return BootstrapFit(boot)
     vr.say(f"[{vr.name}] bootstrap: {st.bootstrap} resamples")
     warm = np.array([law.theta_] + [params_to_theta(m["params"]) for m in law.minima_[1:] if m["near_optimal"]])
-    fits = refit_batch(LawData.from_frame(vr.df), W, warm, bounds=law.bounds(), fixed_phi=law.phi, loss=st.loss,
-                       delta=st.delta, random_starts=st.bootstrap_random_starts, seed=st.seed + 1,
-                       progress=lambda done, total: vr.say(f"[{vr.name}] bootstrap: {done}/{total} resamples"))
+    fits = refit_batch(
+        LawData.from_frame(vr.df),
+        W,
+        warm,
+        bounds=law.bounds(),
+        fixed_phi=law.phi,
+        loss=st.loss,
+        delta=st.delta,
+        random_starts=st.bootstrap_random_starts,
+        seed=st.seed + 1,
+        progress=lambda done, total: vr.say(f"[{vr.name}] bootstrap: {done}/{total} resamples"),
+    )
     P = {k: np.array([theta_to_params(t)[k] for t in fits.theta]) for k in COEFFICIENTS}
     if law.phi_undetermined:
         P["phi"] = np.full(len(fits.theta), np.nan)
@@ -225,8 +246,9 @@ def _data_rule_draws(W: np.ndarray, r: np.ndarray) -> dict[str, int]:
     return {"no_r1": no_r1, "missing_r": int((~has.all(axis=1)).sum())}
 
 
-def fit_optima(vr: VariantRuns, law: JointLaw, template: dict[str, Any], budgets: list[float],
-               boot: BootstrapFit) -> Optima:
+def fit_optima(
+    vr: VariantRuns, law: JointLaw, template: dict[str, Any], budgets: list[float], boot: BootstrapFit
+) -> Optima:
     """Empirical optimum per (C, r) cell and the law's frontier at the template, with bootstrap CIs of the
     frontier (added to the bootstrap record's ``ci``)."""
     vr.say(f"[{vr.name}] compute-optimal analysis")
@@ -240,13 +262,17 @@ def fit_optima(vr: VariantRuns, law: JointLaw, template: dict[str, Any], budgets
         if len(unbracketed):
             cells = [f"C={c:.3g} r={r}" for c, r in zip(unbracketed["C"], unbracketed["r"], strict=True)]
             more = f", +{len(cells) - 4} more" if len(cells) > 4 else ""
-            vr.warn(f"empirical optimum not bracketed by the widths tried in {len(cells)} of {len(emp)} "
-                    f"cells ({', '.join(cells[:4])}{more}); see optima.empirical")
+            vr.warn(
+                f"empirical optimum not bracketed by the widths tried in {len(cells)} of {len(emp)} "
+                f"cells ({', '.join(cells[:4])}{more}); see optima.empirical"
+            )
     frs = allocation.valid_rs(template, rs)
     skipped = sorted(set(rs) - set(frs))
     if skipped:
-        vr.warn(f"law-based frontier skips r = {skipped}: not a divisor of the template's recurrent depth "
-                "(set --set model.L_eff=...)")
+        vr.warn(
+            f"law-based frontier skips r = {skipped}: not a divisor of the template's recurrent depth "
+            "(set --set model.L_eff=...)"
+        )
     if law.phi_undetermined:
         frs = [r for r in frs if r == 1]
     if not frs:
@@ -268,13 +294,16 @@ def fit_checks(vr: VariantRuns, law: JointLaw) -> Checks | None:
     vr.say(f"[{vr.name}] validation: extrapolation, leave-one-r-out, half split")
     out = Checks(**checks_mod.run_checks(law, vr.runs, restarts=vr.settings.checks_restarts))
     if not law.phi_undetermined and len(vr.rs) == 2:
-        vr.warn("leave-one-r-out skipped: with two r values each refit sees one r, where φ is undetermined or "
-                "confounded with A, so held-out comparisons of φ = 0 / 1 rest on the top-budget extrapolation alone")
+        vr.warn(
+            "leave-one-r-out skipped: with two r values each refit sees one r, where φ is undetermined or "
+            "confounded with A, so held-out comparisons of φ = 0 / 1 rest on the top-budget extrapolation alone"
+        )
     return out
 
 
-def fit_inference(vr: VariantRuns, law: JointLaw, V: np.ndarray, rec: Any, *,
-                  paper: bool) -> tuple[Inference, profile.VariantInference] | None:
+def fit_inference(
+    vr: VariantRuns, law: JointLaw, V: np.ndarray, rec: Any, *, paper: bool
+) -> tuple[Inference, profile.VariantInference] | None:
     """phi's profile-likelihood interval and its tests (phi = 0, 1, the paper's 0.46 when ``paper``), calibrated
     by the wild bootstrap tables ``V`` every variant shares; a rejected value without a restricted fit gets
     one, with its held-out checks, so "rules out" rests on both (docs/fit.md, "Inference")."""
@@ -282,8 +311,9 @@ def fit_inference(vr: VariantRuns, law: JointLaw, V: np.ndarray, rec: Any, *,
     if not (st.lr_draws and law.phi_identifiable_ and st.fixed_phi is None):
         return None
     vr.say(f"[{vr.name}] inference: profile of φ, {st.lr_draws} wild-bootstrap tables")
-    state = profile.VariantInference.run(law.theta_, law.objective_, law.bounds(), LawData.from_frame(vr.df),
-                                         vr.cells, V, st.loss, st.delta, st.seed)
+    state = profile.VariantInference.run(
+        law.theta_, law.objective_, law.bounds(), LawData.from_frame(vr.df), vr.cells, V, st.loss, st.delta, st.seed
+    )
     inf = Inference(**state.record(st.ci_level, rec, rec.bootstrap, tuple(st.restricted), paper=paper))
     if st.checks:
         _held_out_of_rejected(vr, inf, (rec.checks or {}).get("held_out"), law)

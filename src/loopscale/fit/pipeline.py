@@ -28,8 +28,9 @@ from loopscale.fit.settings import FitSettings
 from loopscale.fit.table import as_runs, budget_values, is_control_refit, r1_anchor, tokens_per_step
 
 
-def fit_runs(table: Any, settings: FitSettings | None = None,
-             progress: Callable[[str], None] | None = None) -> FitResult:
+def fit_runs(
+    table: Any, settings: FitSettings | None = None, progress: Callable[[str], None] | None = None
+) -> FitResult:
     """Fit a runs table (a ``RunsTable``, a DataFrame or a path); returns the fit (docs/fit.md)."""
     settings = settings or FitSettings()
     settings.validate()
@@ -46,13 +47,17 @@ def fit_runs(table: Any, settings: FitSettings | None = None,
     df_all = selected.df
     warnings_: list[str] = []
     if runs.n_excluded:
-        warnings_.append(f"excluded {runs.n_excluded} run(s) that did not finish: "
-                         + ", ".join(f"{k} x{n}" for k, n in sorted(runs.excluded.items())))
+        warnings_.append(
+            f"excluded {runs.n_excluded} run(s) that did not finish: "
+            + ", ".join(f"{k} x{n}" for k, n in sorted(runs.excluded.items()))
+        )
 
     cells, unit = parts.bootstrap_cells(df_all)
     if settings.bootstrap and unit == "run":
-        warnings_.append("no budget column C (or flops_per_token): bootstrap resamples single runs, not "
-                         "(budget, r) cells; CIs may be too narrow")
+        warnings_.append(
+            "no budget column C (or flops_per_token): bootstrap resamples single runs, not "
+            "(budget, r) cells; CIs may be too narrow"
+        )
     # cells are 0..K-1 (pd.factorize); one (B, K) draw of cell counts serves every variant (paired).
     counts = cell_counts(int(cells.max()) + 1, settings.bootstrap, np.random.default_rng(settings.seed))
     W_all = counts[:, cells]
@@ -70,15 +75,24 @@ def fit_runs(table: Any, settings: FitSettings | None = None,
     return FitResult(
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         loopscale_version=_version(),
-        source={"path": runs.source, "n_rows": len(runs.df) + runs.n_excluded, "n_used": len(df_all),
-                "excluded": runs.excluded},
+        source={
+            "path": runs.source,
+            "n_rows": len(runs.df) + runs.n_excluded,
+            "n_used": len(df_all),
+            "excluded": runs.excluded,
+        },
         settings={**asdict(settings), "template": template},
         template=template,
         budgets=budgets,
         tokens_per_step=tokens_per_step(df_all),
         reference_variant=ref,
-        resamples={"unit": unit, "seed": settings.seed, "run_id": df_all["run_id"].astype(str).tolist(),
-                   "cell_of_run": cells, "cell_counts": counts.astype(int)},
+        resamples={
+            "unit": unit,
+            "seed": settings.seed,
+            "run_id": df_all["run_id"].astype(str).tolist(),
+            "cell_of_run": cells,
+            "cell_counts": counts.astype(int),
+        },
         variants={v: f.record for v, f in fitted.items()},
         delta_phi=delta_phi(fitted, ref, settings, say),
         warnings=warnings_,
@@ -89,13 +103,24 @@ def fit_runs(table: Any, settings: FitSettings | None = None,
 class _Fitted:
     """One variant's record and what Delta-phi pairs across variants (its runs, phi draws, inference state)."""
 
-    def __init__(self, record: VariantFit, frame: pd.DataFrame, phi_draws: np.ndarray | None,
-                 state: profile.VariantInference | None) -> None:
+    def __init__(
+        self,
+        record: VariantFit,
+        frame: pd.DataFrame,
+        phi_draws: np.ndarray | None,
+        state: profile.VariantInference | None,
+    ) -> None:
         self.record, self.frame, self.phi_draws, self.state = record, frame, phi_draws, state
 
 
-def _fit_variant(vr: parts.VariantRuns, mask: np.ndarray, W_all: np.ndarray, V_all: np.ndarray,
-                 template: dict[str, Any], budgets: list[float]) -> _Fitted:
+def _fit_variant(
+    vr: parts.VariantRuns,
+    mask: np.ndarray,
+    W_all: np.ndarray,
+    V_all: np.ndarray,
+    template: dict[str, Any],
+    budgets: list[float],
+) -> _Fitted:
     st = vr.settings
     rule = data_rule(vr.df, phi_free=st.fixed_phi is None, reference_r=st.reference_r)
     vr.warnings += [f"[{vr.name}] {w}" for w in rule.warnings]
@@ -105,9 +130,19 @@ def _fit_variant(vr: parts.VariantRuns, mask: np.ndarray, W_all: np.ndarray, V_a
     per_r = parts.fit_per_r(vr)
     boot = parts.fit_bootstrap(vr, law, W_all[:, mask])
     optima = parts.fit_optima(vr, law, template, budgets, boot)
-    rec = VariantFit(n_runs=len(vr.df), rs=vr.rs, law=parts.law_record(law), metrics=parts.metrics(law),
-                     identifiability=rule.as_dict(), derived=parts.derived(law, vr.rs), restricted=restricted,
-                     law_variants=law_variants, per_r=per_r, bootstrap=boot.record, optima=optima)
+    rec = VariantFit(
+        n_runs=len(vr.df),
+        rs=vr.rs,
+        law=parts.law_record(law),
+        metrics=parts.metrics(law),
+        identifiability=rule.as_dict(),
+        derived=parts.derived(law, vr.rs),
+        restricted=restricted,
+        law_variants=law_variants,
+        per_r=per_r,
+        bootstrap=boot.record,
+        optima=optima,
+    )
     checks = parts.fit_checks(vr, law)
     if checks is not None:
         rec.checks = checks
@@ -117,24 +152,35 @@ def _fit_variant(vr: parts.VariantRuns, mask: np.ndarray, W_all: np.ndarray, V_a
     return _Fitted(rec, vr.df, boot.phi_draws, None if inf is None else inf[1])
 
 
-def delta_phi(fitted: dict[str, _Fitted], ref: str, settings: FitSettings,
-              say: Callable[[str], None]) -> list[DeltaPhi]:
+def delta_phi(
+    fitted: dict[str, _Fitted], ref: str, settings: FitSettings, say: Callable[[str], None]
+) -> list[DeltaPhi]:
     """phi of each variant read against the same r = 1 runs as the reference, minus the reference's."""
     out = []
     a_fit = fitted[ref]
     for v, b_fit in fitted.items():
         paired = (b_fit.phi_draws is not None and a_fit.phi_draws is not None) or (
-            b_fit.state is not None and a_fit.state is not None)
+            b_fit.state is not None and a_fit.state is not None
+        )
         if v == ref or r1_anchor(v) != r1_anchor(ref) or not paired:
             continue
         a, b = a_fit.record.params.phi, b_fit.record.params.phi
         if a is None or b is None:
             continue
-        d = (b_fit.phi_draws - a_fit.phi_draws if b_fit.phi_draws is not None and a_fit.phi_draws is not None
-             else np.array([]))
+        d = (
+            b_fit.phi_draws - a_fit.phi_draws
+            if b_fit.phi_draws is not None and a_fit.phi_draws is not None
+            else np.array([])
+        )
         finite = d[np.isfinite(d)]
-        entry = DeltaPhi(reference=ref, variant=v, delta_phi=b - a, ci=percentile_ci(d, settings.ci_level),
-                         fraction_above_zero=float(np.mean(finite > 0)) if finite.size else None, draws=d)
+        entry = DeltaPhi(
+            reference=ref,
+            variant=v,
+            delta_phi=b - a,
+            ci=percentile_ci(d, settings.ci_level),
+            fraction_above_zero=float(np.mean(finite > 0)) if finite.size else None,
+            draws=d,
+        )
         if a_fit.state is not None and b_fit.state is not None:
             say(f"[{v}] inference: Δφ against {ref}")
             entry.inference = profile.delta_record(a_fit.state, b_fit.state, settings.ci_level, d)

@@ -47,9 +47,16 @@ def fit_sweep(runs: Any, *, progress: Callable[[str], None] | None = None, **opt
     return fit_runs(prepared.table, prepared.settings, progress)
 
 
-def prepare_fit(runs: Any, *, spec: str | Path | None = None, seed_means: bool = False,
-                r1_from: str | Sequence[str] | None = None, only_r: Sequence[int] = (),
-                template_overrides: Sequence[str] = (), **settings: Any) -> PreparedFit:
+def prepare_fit(
+    runs: Any,
+    *,
+    spec: str | Path | None = None,
+    seed_means: bool = False,
+    r1_from: str | Sequence[str] | None = None,
+    only_r: Sequence[int] = (),
+    template_overrides: Sequence[str] = (),
+    **settings: Any,
+) -> PreparedFit:
     """The table and settings of a fit, as ``fit_sweep`` runs it (see the module docstring).
 
     ``spec``: the sweep's spec.toml or its folder (default: the one beside ``runs``, if any); ``r1_from``: a
@@ -82,8 +89,9 @@ def prepare_fit(runs: Any, *, spec: str | Path | None = None, seed_means: bool =
         table = select_r(table, list(only_r), table.source)
         if 1 not in only_r:
             settings.setdefault("reference_r", min(only_r))
-    settings.setdefault("template", template_with(template_from_table(table.df), list(template_overrides),
-                                                  source="--set"))
+    settings.setdefault(
+        "template", template_with(template_from_table(table.df), list(template_overrides), source="--set")
+    )
     return PreparedFit(table, FitSettings(**settings), spec_path, notes)
 
 

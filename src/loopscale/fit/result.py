@@ -25,7 +25,6 @@ FORMAT = "loopscale.fit"
 VERSION = 1
 
 
-
 class _Record(BaseModel):
     """A part of the fit file: named fields typed, every other key kept as it came.
 
@@ -33,8 +32,9 @@ class _Record(BaseModel):
     (the keys that were set, as in the JSON), so code written against the fit file's dicts reads a typed part
     unchanged."""
 
-    model_config = ConfigDict(extra="allow", arbitrary_types_allowed=True, protected_namespaces=(),
-                              ignored_types=(cached_property,))
+    model_config = ConfigDict(
+        extra="allow", arbitrary_types_allowed=True, protected_namespaces=(), ignored_types=(cached_property,)
+    )
 
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and (key in self.model_fields_set or key in (self.__pydantic_extra__ or {}))
@@ -295,4 +295,3 @@ class FitResult(_Record):
     def ci_level(self) -> float:
         """The CIs' level (the settings', else 0.95)."""
         return float(self.settings.get("ci_level") or 0.95)
-

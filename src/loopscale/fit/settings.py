@@ -81,8 +81,9 @@ class FitSettings:
     def validate(self) -> None:
         from loopscale.fit.law.joint import validate_settings
 
-        validate_settings(loss=self.loss, delta=self.delta, phi_bounds=self.phi_bounds, restarts=self.restarts,
-                          names=FLAGS)
+        validate_settings(
+            loss=self.loss, delta=self.delta, phi_bounds=self.phi_bounds, restarts=self.restarts, names=FLAGS
+        )
         if self.bootstrap < 0:
             raise ConfigError("--bootstrap", "expected 0 (off) or a number of resamples", value=self.bootstrap)
         if self.lr_draws < 0 or 0 < self.lr_draws < 100:

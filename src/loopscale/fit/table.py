@@ -109,8 +109,12 @@ class RunsTable:
         ctrl = df[(df["variant"] == control) & (df["r"] == 1)]
         if ctrl.empty:
             names = sorted(set(df["variant"]))
-            raise ConfigError("--r1-from", f"no r = 1 runs with this variant; the table has {names}",
-                              value=control, source=self.source)
+            raise ConfigError(
+                "--r1-from",
+                f"no r = 1 runs with this variant; the table has {names}",
+                value=control,
+                source=self.source,
+            )
         parts = [df]
         for v in self.variants:
             if v == control:
@@ -128,10 +132,13 @@ class RunsTable:
         Adds ``n_seeds`` and ``val_loss_seed_sd`` (0 for a single seed).
         """
         df = self.df
-        key = pd.DataFrame({
-            "variant": df["variant"].astype(str), "r": df["r"],
-            **{c: [f"{v:.6g}" for v in df[c]] for c in ("N_once", "N_rec", "D")},
-        })
+        key = pd.DataFrame(
+            {
+                "variant": df["variant"].astype(str),
+                "r": df["r"],
+                **{c: [f"{v:.6g}" for v in df[c]] for c in ("N_once", "N_rec", "D")},
+            }
+        )
         groups = df.assign(_g=pd.factorize(pd.MultiIndex.from_frame(key))[0]).groupby("_g", sort=True)
         out = groups.head(1).drop(columns="_g").reset_index(drop=True)  # factorize numbers groups in row order
         loss = groups["val_loss"]
@@ -177,8 +184,13 @@ def _load_many(paths: list[str | Path]) -> RunsTable:
     for t in tables:
         for rid in t.df["run_id"].astype(str):
             if rid in seen:
-                raise ConfigError("run_id", f"run {rid} is in both {seen[rid]} and {t.source}; give each run once "
-                                  "(a rerun with another seed has its own run ids)", value=rid, source=t.source)
+                raise ConfigError(
+                    "run_id",
+                    f"run {rid} is in both {seen[rid]} and {t.source}; give each run once "
+                    "(a rerun with another seed has its own run ids)",
+                    value=rid,
+                    source=t.source,
+                )
             seen[rid] = t.source
     excluded: dict[str, int] = {}
     for t in tables:
@@ -357,8 +369,16 @@ def budget_values(df: pd.DataFrame) -> np.ndarray:
 
 # Architecture columns that set the law-based frontier's template when they hold one value throughout.
 TEMPLATE_FIELDS: tuple[str, ...] = (
-    "vocab_size", "head_dim", "L_eff", "n_prelude", "n_coda", "seq_len", "injection", "mlp_ratio",
-    "vocab_multiple", "hc_lanes",
+    "vocab_size",
+    "head_dim",
+    "L_eff",
+    "n_prelude",
+    "n_coda",
+    "seq_len",
+    "injection",
+    "mlp_ratio",
+    "vocab_multiple",
+    "hc_lanes",
 )
 
 

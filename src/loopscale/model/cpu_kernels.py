@@ -81,15 +81,27 @@ def _variants() -> tuple[tuple[str, ...], ...]:
     if not march:
         return VARIANTS
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", march):
-        raise ConfigError(MARCH_ENV, "expected a -march value such as 'native', 'x86-64-v3' (AVX2) or "
-                          "'x86-64-v4' (AVX-512)", value=march, source="environment")
+        raise ConfigError(
+            MARCH_ENV,
+            "expected a -march value such as 'native', 'x86-64-v3' (AVX2) or 'x86-64-v4' (AVX-512)",
+            value=march,
+            source="environment",
+        )
     return (("-fopenmp", f"-march={march}"), (f"-march={march}",))
 
 
 #: the compiler's macro for an instruction-set extension, and /proc/cpuinfo's flag for it
-_EXTENSIONS = {"__AVX__": "avx", "__AVX2__": "avx2", "__FMA__": "fma", "__F16C__": "f16c", "__AVX512F__": "avx512f",
-               "__AVX512DQ__": "avx512dq", "__AVX512CD__": "avx512cd", "__AVX512BW__": "avx512bw",
-               "__AVX512VL__": "avx512vl"}
+_EXTENSIONS = {
+    "__AVX__": "avx",
+    "__AVX2__": "avx2",
+    "__FMA__": "fma",
+    "__F16C__": "f16c",
+    "__AVX512F__": "avx512f",
+    "__AVX512DQ__": "avx512dq",
+    "__AVX512CD__": "avx512cd",
+    "__AVX512BW__": "avx512bw",
+    "__AVX512VL__": "avx512vl",
+}
 
 
 def _cpu_flags() -> list[str] | None:
@@ -108,8 +120,9 @@ def _missing_extensions(cc: str, march: str) -> list[str]:
     if flags is None:
         return []  # not an x86 Linux CPU list: nothing to check against
     try:
-        done = subprocess.run([cc, f"-march={march}", "-dM", "-E", "-"], input="", capture_output=True, text=True,
-                              timeout=60, check=False)
+        done = subprocess.run(
+            [cc, f"-march={march}", "-dM", "-E", "-"], input="", capture_output=True, text=True, timeout=60, check=False
+        )
     except (OSError, subprocess.SubprocessError):
         return []
     if done.returncode != 0:
@@ -143,8 +156,9 @@ def _build(cc: str, variants: tuple[tuple[str, ...], ...]) -> tuple[Path, tuple[
     errors = []
     for extra in variants:
         flags = (*FLAGS, *extra)
-        key = hashlib.sha256(b"\0".join([code, cc.encode(), " ".join(flags).encode(), cpu,
-                                         sys.platform.encode()])).hexdigest()[:16]
+        key = hashlib.sha256(
+            b"\0".join([code, cc.encode(), " ".join(flags).encode(), cpu, sys.platform.encode()])
+        ).hexdigest()[:16]
         target = cache_dir() / "kernels" / f"cpu_kernels-{key}.so"
         if target.is_file():
             return target, extra
@@ -155,8 +169,9 @@ def _build(cc: str, variants: tuple[tuple[str, ...], ...]) -> tuple[Path, tuple[
         fd, tmp = tempfile.mkstemp(prefix=".cpu_kernels.", suffix=".so", dir=target.parent)
         os.close(fd)
         try:
-            done = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True,
-                                  timeout=120, check=False)
+            done = subprocess.run(
+                [cc, *flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True, timeout=120, check=False
+            )
             if done.returncode == 0:
                 os.replace(tmp, target)
                 return target, extra
@@ -219,9 +234,17 @@ def serves(x: torch.Tensor, width: int = 0, limit: int = 0) -> bool:
     ``torch.func``-wrapped one: memory estimates and transforms run the torch ops), no dispatch mode active
     (a ``FlopCounterMode`` must see the torch ops), a width the kernels' buffers hold, and a compiled
     library. fp64 keeps the torch ops, which ``gradcheck`` checks."""
-    return (ENABLED and type(x) is torch.Tensor and x.dtype == torch.float32 and x.device.type == "cpu"
-            and x.layout == torch.strided and not torch._C._functorch.is_functorch_wrapped_tensor(x)
-            and torch._C._len_torch_dispatch_stack() == 0 and width <= limit and library() is not None)
+    return (
+        ENABLED
+        and type(x) is torch.Tensor
+        and x.dtype == torch.float32
+        and x.device.type == "cpu"
+        and x.layout == torch.strided
+        and not torch._C._functorch.is_functorch_wrapped_tensor(x)
+        and torch._C._len_torch_dispatch_stack() == 0
+        and width <= limit
+        and library() is not None
+    )
 
 
 def _parts(numel: int) -> int:
@@ -250,8 +273,9 @@ def rms_norm_fwd(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Te
     return y, rstd
 
 
-def rms_norm_bwd(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor,
-                 want_dw: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def rms_norm_bwd(
+    g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor, want_dw: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """dL/dx and (if wanted) dL/dw; ``g`` and ``x`` contiguous fp32. Each part sums its rows' dL/dw into
     its own row of a [parts, n] buffer, summed here (the same bits for the same thread count)."""
     n = x.size(-1)
@@ -259,8 +283,9 @@ def rms_norm_bwd(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, rstd: torch.
     gx = torch.empty_like(x)
     dw_parts = x.new_zeros(parts, n) if want_dw else None
     w = w.contiguous()
-    _lib().rms_norm_bwd(_ptr(g), _ptr(x), _ptr(w), _ptr(rstd), _ptr(gx),
-                           None if dw_parts is None else _ptr(dw_parts), rows, n, parts)
+    _lib().rms_norm_bwd(
+        _ptr(g), _ptr(x), _ptr(w), _ptr(rstd), _ptr(gx), None if dw_parts is None else _ptr(dw_parts), rows, n, parts
+    )
     return gx, (dw_parts.sum(0) if dw_parts is not None else None)
 
 
@@ -275,16 +300,30 @@ def rope_qk_norm_fwd(qkv: torch.Tensor, turn: torch.Tensor, eps: float) -> tuple
     return out, rstd
 
 
-def rope_qk_norm_bwd(gq: torch.Tensor, gk: torch.Tensor, gv: torch.Tensor, out: torch.Tensor,
-                     rstd: torch.Tensor, turn: torch.Tensor) -> torch.Tensor:
+def rope_qk_norm_bwd(
+    gq: torch.Tensor, gk: torch.Tensor, gv: torch.Tensor, out: torch.Tensor, rstd: torch.Tensor, turn: torch.Tensor
+) -> torch.Tensor:
     """The gradient [B, T, 3, H, hd] from those of q, k, v ([B, T, H, hd], any strides: SDPA's backends
     hand them over in different layouts), the saved output and rstd."""
     B, T, _, H, hd = out.shape
     grad = torch.empty_like(out)
     strides = (ctypes.c_long * 12)(*gq.stride(), *gk.stride(), *gv.stride())
     table = torch.view_as_real(turn.contiguous())
-    _lib().rope_qk_norm_bwd(_ptr(gq), _ptr(gk), _ptr(gv), ctypes.addressof(strides), _ptr(out), _ptr(rstd),
-                               _ptr(table), _ptr(grad), B, T, H, hd, _parts(out.numel()))
+    _lib().rope_qk_norm_bwd(
+        _ptr(gq),
+        _ptr(gk),
+        _ptr(gv),
+        ctypes.addressof(strides),
+        _ptr(out),
+        _ptr(rstd),
+        _ptr(table),
+        _ptr(grad),
+        B,
+        T,
+        H,
+        hd,
+        _parts(out.numel()),
+    )
     return grad
 
 
@@ -302,8 +341,7 @@ def attention_serves(qkv: torch.Tensor) -> bool:
     """Whether ``attention_fwd`` takes ``qkv`` [B, T, 3, H, hd]: the kernels serve it, hd is a multiple of 16
     (the register tiles' width), and SDPA's flash backend is allowed: under ``sdpa_kernel(MATH)`` (as the FLOP
     counter test uses) and other backend choices the caller's SDPA runs, as asked."""
-    return (qkv.dim() == 5 and qkv.size(-1) % 16 == 0 and torch.backends.cuda.flash_sdp_enabled()
-            and serves(qkv))
+    return qkv.dim() == 5 and qkv.size(-1) % 16 == 0 and torch.backends.cuda.flash_sdp_enabled() and serves(qkv)
 
 
 def _attn_parts(B: int, H: int, T: int, hd: int) -> int:
@@ -323,8 +361,9 @@ def attention_fwd(qkv: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.
     return out, lse
 
 
-def attention_bwd(qkv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
-                  scale: float) -> torch.Tensor:
+def attention_bwd(
+    qkv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, g: torch.Tensor, scale: float
+) -> torch.Tensor:
     """The gradient [B, T, 3, H, hd] of q, k and v from the saved ``qkv``, ``out``, ``lse`` and ``g`` (out's
     gradient as [B, T, H, hd], any strides)."""
     B, T, _, H, hd = qkv.shape
@@ -332,6 +371,19 @@ def attention_bwd(qkv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, g: to
     strides = (ctypes.c_long * 4)(*g.stride())
     parts = _attn_parts(B, H, T, hd)
     work = qkv.new_empty(parts, _lib().attn_workspace(T, hd, 1))
-    _lib().attn_bwd(_ptr(qkv), _ptr(out), _ptr(lse), _ptr(g), ctypes.addressof(strides), _ptr(grad), _ptr(work),
-                       B, T, H, hd, scale, parts)
+    _lib().attn_bwd(
+        _ptr(qkv),
+        _ptr(out),
+        _ptr(lse),
+        _ptr(g),
+        ctypes.addressof(strides),
+        _ptr(grad),
+        _ptr(work),
+        B,
+        T,
+        H,
+        hd,
+        scale,
+        parts,
+    )
     return grad

@@ -33,8 +33,13 @@ ENABLED = True
 def use_fused(x: torch.Tensor) -> bool:
     """Whether the CPU functions below serve ``x``: CPU, fp32/fp64, no autocast, not inside
     ``torch.compile`` (inductor fuses the plain ops itself)."""
-    return (ENABLED and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
-            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
+    return (
+        ENABLED
+        and x.device.type == "cpu"
+        and x.dtype in (torch.float32, torch.float64)
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_compiling()
+    )
 
 
 def _inv_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -112,8 +117,13 @@ class _RopeQKNorm(torch.autograd.Function):
     ``_CausalAttention``), else as three [B, T, H, hd] views."""
 
     @staticmethod
-    def forward(ctx, qkv: torch.Tensor, turn: torch.Tensor, eps: float,  # type: ignore[override]
-                packed: bool = False):
+    def forward(
+        ctx,
+        qkv: torch.Tensor,
+        turn: torch.Tensor,
+        eps: float,  # type: ignore[override]
+        packed: bool = False,
+    ):
         if _kernels_serve(qkv):  # one pass (cpu_kernels.c)
             out, rstd = cpu_kernels.rope_qk_norm_fwd(qkv.contiguous(), turn, eps)
         else:
@@ -147,8 +157,7 @@ class _RopeQKNorm(torch.autograd.Function):
         return grad, None, None, None
 
 
-def rope_qk_norm(qkv: torch.Tensor, turn: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def rope_qk_norm(qkv: torch.Tensor, turn: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k, v as [B, T, H, hd] from ``qkv`` [B, T, 3, H, hd] (q and k rows in ``interleaved_qkv`` order);
     ``turn`` = cos - i sin, [T, hd/2] for its positions (``Rotary.turn``). q and k come out in
     ``interleaved_qkv`` order too."""
@@ -203,8 +212,13 @@ class _SquaredReLUMLP(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, w_fc: torch.Tensor, w_proj: torch.Tensor,  # type: ignore[override]
-                chunk: int) -> torch.Tensor:
+    def forward(
+        ctx,
+        x: torch.Tensor,
+        w_fc: torch.Tensor,
+        w_proj: torch.Tensor,  # type: ignore[override]
+        chunk: int,
+    ) -> torch.Tensor:
         rows = x.reshape(-1, x.size(-1))
         h = rows.new_empty(rows.size(0), w_fc.size(0))
         out = rows.new_empty(rows.size(0), w_proj.size(0))
@@ -256,8 +270,8 @@ def _accumulate(total: torch.Tensor | None, part: torch.Tensor) -> torch.Tensor:
     return part if total is None else total.add_(part)
 
 
-def squared_relu_mlp(x: torch.Tensor, w_fc: torch.Tensor, w_proj: torch.Tensor,
-                     chunk: int | None = None) -> torch.Tensor:
+def squared_relu_mlp(
+    x: torch.Tensor, w_fc: torch.Tensor, w_proj: torch.Tensor, chunk: int | None = None
+) -> torch.Tensor:
     """The block's MLP, ``relu(x w_fc^T)^2 w_proj^T``, by row chunks (default: ``mlp_chunk_rows``)."""
     return _SquaredReLUMLP.apply(x, w_fc, w_proj, chunk or mlp_chunk_rows(w_fc.size(0)))
-

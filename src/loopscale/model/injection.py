@@ -114,5 +114,6 @@ def make_injection(mode: str, d_model: int, r: int, lanes: int) -> Injection:
         return HyperConnect(r, lanes)
     from loopscale.errors import ConfigError
 
-    raise ConfigError("model.injection", "unknown mode; expected linear, additive, passthrough or hyperconnect",
-                      value=mode)
+    raise ConfigError(
+        "model.injection", "unknown mode; expected linear, additive, passthrough or hyperconnect", value=mode
+    )

@@ -74,8 +74,11 @@ def supports_r(cfg: ModelConfig, r: int) -> bool:
 
 
 def cannot_run(cfg: ModelConfig, r: int) -> str:
-    what = cfg.technique or (f"{cfg.injection} has lane scalars for its training recurrences only:"
-                             if cfg.injection == "hyperconnect" else cfg.injection)
+    what = cfg.technique or (
+        f"{cfg.injection} has lane scalars for its training recurrences only:"
+        if cfg.injection == "hyperconnect"
+        else cfg.injection
+    )
     return f"{what} cannot run {r} recurrences (trained with {cfg.r})"
 
 
@@ -135,8 +138,15 @@ class LoopedLM(nn.Module):
             x = b(x, cache.take() if cache is not None else None)
         return x
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, r: int | None = None,
-                cache: KVCache | None = None, reduction: str = "mean") -> torch.Tensor:
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        *,
+        r: int | None = None,
+        cache: KVCache | None = None,
+        reduction: str = "mean",
+    ) -> torch.Tensor:
         """Logits [B, T, vocab_size] in fp32, or with ``targets`` the next-token loss in nats.
 
         This is loopscale's one loss path (training, validation, calibration): cross-entropy over the
@@ -153,15 +163,21 @@ class LoopedLM(nn.Module):
         x = self._stack(self.recur, x, cache) if not cfg.is_looped else self._loop(x, r, cache)
         x = self.norm_final(self._stack(self.coda, x, cache))
         if targets is not None and self.fused_loss and reduction != "none":
-            return softcap_cross_entropy(x.reshape(-1, x.size(-1)), self.head.weight[: cfg.vocab_size],
-                                         targets, softcap=cfg.softcap, reduction=reduction)
+            return softcap_cross_entropy(
+                x.reshape(-1, x.size(-1)),
+                self.head.weight[: cfg.vocab_size],
+                targets,
+                softcap=cfg.softcap,
+                reduction=reduction,
+            )
         logits = self.head(x)[..., : cfg.vocab_size].float()
         if cfg.softcap is not None:
             logits = cfg.softcap * torch.tanh(logits / cfg.softcap)
         if targets is None:
             return logits
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1,
-                               reduction=reduction)
+        return F.cross_entropy(
+            logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1, reduction=reduction
+        )
 
     def _loop(self, e: torch.Tensor, r: int, cache: KVCache | None) -> torch.Tensor:
         """The loop, through the technique interface (``loopscale.technique``): the built-in injections and
@@ -182,8 +198,7 @@ class LoopedLM(nn.Module):
         if r < 1:
             raise ConfigError("r", "must be a positive number of recurrences", value=r)
         if not self.cfg.is_looped:
-            raise ConfigError("r", "the r = 1 baseline is a plain stack; only looped models can change r",
-                              value=r)
+            raise ConfigError("r", "the r = 1 baseline is a plain stack; only looped models can change r", value=r)
         if not self.inject.supports_r(r):
             raise ConfigError("r", cannot_run(self.cfg, r), value=r)
         return r
@@ -193,9 +208,17 @@ class LoopedLM(nn.Module):
         return self(idx, targets, r=r)
 
     @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, *, r: int | None = None,
-                 stop: int | None = None, temperature: float = 0.0, top_k: int | None = None,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        r: int | None = None,
+        stop: int | None = None,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         """Decoding with the looped KV cache (logits cover the real vocabulary only): greedy by default;
         ``temperature > 0`` samples from softmax(logits / temperature), over the ``top_k`` likeliest if given,
         drawing from ``generator`` (seeded: the same tokens every time)."""
@@ -217,8 +240,7 @@ class LoopedLM(nn.Module):
     # ---- parameter bookkeeping ---------------------------------------------------------------
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         """Optimiser groups: 2-D block/injection matrices, embedding, head, norm scales, lane scalars."""
-        groups: dict[str, list[nn.Parameter]] = {"matrix": [], "embed": [], "head": [], "norm": [],
-                                                 "scalar": []}
+        groups: dict[str, list[nn.Parameter]] = {"matrix": [], "embed": [], "head": [], "norm": [], "scalar": []}
         for b in self.blocks():
             for name, p in b.named_parameters():
                 groups["norm" if name.startswith("norm") else "matrix"].append(p)
@@ -231,8 +253,9 @@ class LoopedLM(nn.Module):
             for name, p in self.inject.named_parameters():
                 group = self.inject.param_group(name, p)
                 if group not in ("matrix", "scalar", "norm"):
-                    raise ConfigError("model.technique", f"param_group({name!r}) must be 'matrix', 'scalar' or "
-                                      "'norm'", value=group)
+                    raise ConfigError(
+                        "model.technique", f"param_group({name!r}) must be 'matrix', 'scalar' or 'norm'", value=group
+                    )
                 groups[group].append(p)
         return groups
 
@@ -263,8 +286,9 @@ class LoopedLM(nn.Module):
         }
 
 
-def _pick(logits: torch.Tensor, temperature: float, top_k: int | None,
-          generator: torch.Generator | None) -> torch.Tensor:
+def _pick(
+    logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
+) -> torch.Tensor:
     """The next token [B, 1] from the last position's logits [B, V]: argmax at temperature 0, else a draw."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)

@@ -19,8 +19,17 @@ from loopscale.model.chunks import chunk_rows
 
 class _FusedSoftcapCE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, softcap: float | None,
-                chunk: int, dtype: torch.dtype, mean: bool, graph: bool) -> torch.Tensor:  # type: ignore[override]
+    def forward(
+        ctx,
+        h: torch.Tensor,
+        w: torch.Tensor,
+        targets: torch.Tensor,
+        softcap: float | None,
+        chunk: int,
+        dtype: torch.dtype,
+        mean: bool,
+        graph: bool,
+    ) -> torch.Tensor:  # type: ignore[override]
         # under no_grad apply() still reports the inputs' requires_grad (and forward itself always runs
         # without grad mode): the caller says whether a graph is being built
         want_h, want_w = graph and ctx.needs_input_grad[0], graph and ctx.needs_input_grad[1]
@@ -57,8 +66,10 @@ class _FusedSoftcapCE(torch.autograd.Function):
                 grad_h[lo : lo + chunk] = gc @ wc
             if grad_w is not None:
                 grad_w += (gc.t() @ hc).float()
-        ctx.save_for_backward(grad_h if grad_h is not None else torch.empty(0),
-                              grad_w.to(w.dtype) if grad_w is not None else torch.empty(0))
+        ctx.save_for_backward(
+            grad_h if grad_h is not None else torch.empty(0),
+            grad_w.to(w.dtype) if grad_w is not None else torch.empty(0),
+        )
         return total * scale
 
     @staticmethod
@@ -76,9 +87,15 @@ def compute_dtype(device: torch.device, fallback: torch.dtype) -> torch.dtype:
     return fallback
 
 
-def softcap_cross_entropy(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, *,
-                          softcap: float | None, reduction: str = "mean",
-                          chunk: int | None = None) -> torch.Tensor:
+def softcap_cross_entropy(
+    h: torch.Tensor,
+    w: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    softcap: float | None,
+    reduction: str = "mean",
+    chunk: int | None = None,
+) -> torch.Tensor:
     """Cross-entropy of ``softcap * tanh(h w^T / softcap)`` against ``targets`` (-1 ignored).
 
     ``h`` [N, d] is the normed final state, ``w`` [V, d] the head's rows of the *real* vocabulary.
@@ -89,5 +106,6 @@ def softcap_cross_entropy(h: torch.Tensor, w: torch.Tensor, targets: torch.Tenso
     dtype = compute_dtype(h.device, h.dtype)
     rows = chunk or chunk_rows(w.size(0), h.size(0))
     with torch.autocast(h.device.type, enabled=False):
-        return _FusedSoftcapCE.apply(h, w, targets.reshape(-1), softcap, rows, dtype, reduction == "mean",
-                                     torch.is_grad_enabled())
+        return _FusedSoftcapCE.apply(
+            h, w, targets.reshape(-1), softcap, rows, dtype, reduction == "mean", torch.is_grad_enabled()
+        )

@@ -23,14 +23,31 @@ from typing import Any
 
 from loopscale.errors import ConfigError
 
-INJECTION_NAMES = {"inject_init_prelude": "linear", "passthrough": "passthrough", "additive": "additive",
-                   "hyperconnect": "hyperconnect"}
+INJECTION_NAMES = {
+    "inject_init_prelude": "linear",
+    "passthrough": "passthrough",
+    "additive": "additive",
+    "hyperconnect": "hyperconnect",
+}
 
 _BLOCK = re.compile(r"^transformer\.(prelude|recur|coda)\.(\d+)\.(.+)$")
-_BLOCK_PARTS = {"attn.c_q": "attn.q", "attn.c_k": "attn.k", "attn.c_v": "attn.v", "attn.c_proj": "attn.out",
-                "mlp.c_fc": "mlp.fc", "mlp.c_proj": "mlp.proj", "n1": "norm1", "n3": "norm2"}
-_TOP = {"transformer.wte.weight": "embed.weight", "lm_head.weight": "head.weight",
-        "lane_alpha": "inject.alpha", "lane_mixing": "inject.mix", "lane_beta": "inject.beta"}
+_BLOCK_PARTS = {
+    "attn.c_q": "attn.q",
+    "attn.c_k": "attn.k",
+    "attn.c_v": "attn.v",
+    "attn.c_proj": "attn.out",
+    "mlp.c_fc": "mlp.fc",
+    "mlp.c_proj": "mlp.proj",
+    "n1": "norm1",
+    "n3": "norm2",
+}
+_TOP = {
+    "transformer.wte.weight": "embed.weight",
+    "lm_head.weight": "head.weight",
+    "lane_alpha": "inject.alpha",
+    "lane_mixing": "inject.mix",
+    "lane_beta": "inject.beta",
+}
 
 
 def model_config_from_paper(gpt_config: Mapping[str, Any]) -> dict[str, Any]:
@@ -42,8 +59,7 @@ def model_config_from_paper(gpt_config: Mapping[str, Any]) -> dict[str, Any]:
     cfg = dict(gpt_config)
     n_head, n_kv_head, d = int(cfg["n_head"]), int(cfg.get("n_kv_head", cfg["n_head"])), int(cfg["n_embd"])
     if n_kv_head != n_head:
-        raise ConfigError("n_kv_head", f"grouped-query attention is not supported (n_head = {n_head})",
-                          value=n_kv_head)
+        raise ConfigError("n_kv_head", f"grouped-query attention is not supported (n_head = {n_head})", value=n_kv_head)
     mode = cfg.get("input_injection", "inject_init_prelude")
     if mode not in INJECTION_NAMES:
         raise ConfigError("input_injection", f"expected one of {sorted(INJECTION_NAMES)}", value=mode)

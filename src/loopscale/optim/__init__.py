@@ -29,8 +29,13 @@ if TYPE_CHECKING:
 
 # The optimisers need torch; configs, schedules and transfer rules do not (``loopscale info`` and
 # ``sweep plan`` read configs without paying torch's import): the torch names load on first use.
-_LAZY = {"Optimizers": "build", "build_optimizers": "build", "MuonH": "muonh", "newton_schulz5": "muonh",
-         "orthogonalize": "muonh"}
+_LAZY = {
+    "Optimizers": "build",
+    "build_optimizers": "build",
+    "MuonH": "muonh",
+    "newton_schulz5": "muonh",
+    "orthogonalize": "muonh",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -39,6 +44,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(importlib.import_module(f"loopscale.optim.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'loopscale.optim' has no attribute {name!r}")
+
 
 __all__ = [
     "MuonH",

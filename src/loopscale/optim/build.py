@@ -67,9 +67,11 @@ class Optimizers:
             opt.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizers": [opt.state_dict() for opt in self.optimizers],
-                "kinds": [type(opt).__name__ for opt in self.optimizers],
-                "multiplier": self.multiplier}
+        return {
+            "optimizers": [opt.state_dict() for opt in self.optimizers],
+            "kinds": [type(opt).__name__ for opt in self.optimizers],
+            "multiplier": self.multiplier,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore every optimiser (moments, MuonH's initial norms, and the checkpoint's lrs)."""
@@ -88,8 +90,15 @@ def _adamw(groups: list[dict], cfg: OptimConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, betas=cfg.betas, eps=cfg.eps, weight_decay=0.0, **impl)
 
 
-def build_optimizers(param_groups: dict[str, list[torch.nn.Parameter]], cfg: OptimConfig, *, d_model: int,
-                     tokens_per_step: int, total_tokens: float, r: int) -> Optimizers:
+def build_optimizers(
+    param_groups: dict[str, list[torch.nn.Parameter]],
+    cfg: OptimConfig,
+    *,
+    d_model: int,
+    tokens_per_step: int,
+    total_tokens: float,
+    r: int,
+) -> Optimizers:
     """Build the run's optimisers with lrs resolved for (d_model, tokens_per_step, total_tokens, r).
 
     Empty groups and parameters with ``requires_grad = False`` are left out.
@@ -101,26 +110,33 @@ def build_optimizers(param_groups: dict[str, list[torch.nn.Parameter]], cfg: Opt
     for name, ps in param_groups.items():
         for p in ps:
             if id(p) in seen:
-                raise ValueError(f"param_groups: a parameter of shape {tuple(p.shape)} appears twice "
-                                 f"(again in '{name}'); tied weights must be listed once")
+                raise ValueError(
+                    f"param_groups: a parameter of shape {tuple(p.shape)} appears twice "
+                    f"(again in '{name}'); tied weights must be listed once"
+                )
             seen.add(id(p))
     lrs = resolve_lrs(cfg, d_model=d_model, tokens_per_step=tokens_per_step, total_tokens=total_tokens, r=r)
     groups = {k: [p for p in param_groups.get(k, []) if p.requires_grad] for k in GROUPS}
 
     def group(name: str) -> dict:
         wd = 0.0 if name in NO_DECAY else cfg.weight_decay
-        return {"params": groups[name], "name": name, "lr": lrs[name], "base_lr": lrs[name],
-                "weight_decay": wd}
+        return {"params": groups[name], "name": name, "lr": lrs[name], "base_lr": lrs[name], "weight_decay": wd}
 
     optimizers: list[torch.optim.Optimizer] = []
     adamw_names = list(GROUPS)
     if cfg.name == "muonh":
         adamw_names.remove("matrix")
         if groups["matrix"]:
-            muon = MuonH([{"params": groups["matrix"], "name": "matrix", "base_lr": lrs["matrix"]}],
-                         lr=lrs["matrix"], momentum=cfg.momentum, nesterov=cfg.nesterov,
-                         ns_steps=cfg.ns_steps, ns_dtype=cfg.ns_dtype, orthogonalizer=cfg.orthogonalizer,
-                         shard=cfg.ns_shard)
+            muon = MuonH(
+                [{"params": groups["matrix"], "name": "matrix", "base_lr": lrs["matrix"]}],
+                lr=lrs["matrix"],
+                momentum=cfg.momentum,
+                nesterov=cfg.nesterov,
+                ns_steps=cfg.ns_steps,
+                ns_dtype=cfg.ns_dtype,
+                orthogonalizer=cfg.orthogonalizer,
+                shard=cfg.ns_shard,
+            )
             optimizers.append(muon)
     adamw_groups = [group(n) for n in adamw_names if groups[n]]
     if adamw_groups:

@@ -45,8 +45,9 @@ POLAR_EXPRESS_SAFETY = 1.02
 ORTHOGONALIZERS = ("polar_express", "ns5")
 
 
-def orthogonalize(G: torch.Tensor, steps: int = 5, dtype: torch.dtype | None = None,
-                  method: str = "polar_express") -> torch.Tensor:
+def orthogonalize(
+    G: torch.Tensor, steps: int = 5, dtype: torch.dtype | None = None, method: str = "polar_express"
+) -> torch.Tensor:
     """Approximately orthogonalise the last two dims of ``G`` (a matrix or a batch of same-shape matrices).
 
     ``dtype`` is the compute precision (default ``G.dtype``); the result is in that dtype, ``G``'s shape.
@@ -148,9 +149,17 @@ class MuonH(torch.optim.Optimizer):
     torch.distributed (``shard``, default) each rank orthogonalises its share and all-gathers the rest.
     """
 
-    def __init__(self, params: Iterable[torch.nn.Parameter] | Iterable[dict], lr: float = 0.014,
-                 momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5,
-                 ns_dtype: str = "auto", orthogonalizer: str = "polar_express", shard: bool = True) -> None:
+    def __init__(
+        self,
+        params: Iterable[torch.nn.Parameter] | Iterable[dict],
+        lr: float = 0.014,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_steps: int = 5,
+        ns_dtype: str = "auto",
+        orthogonalizer: str = "polar_express",
+        shard: bool = True,
+    ) -> None:
         if lr < 0:
             raise ValueError(f"lr must be non-negative (got {lr})")
         if not 0.0 <= momentum < 1.0:
@@ -159,8 +168,15 @@ class MuonH(torch.optim.Optimizer):
             raise ValueError(f"ns_dtype must be 'auto', 'bfloat16' or 'float32' (got {ns_dtype!r})")
         if orthogonalizer not in ORTHOGONALIZERS:
             raise ValueError(f"orthogonalizer must be one of {ORTHOGONALIZERS} (got {orthogonalizer!r})")
-        defaults = {"lr": lr, "momentum": momentum, "nesterov": nesterov, "ns_steps": ns_steps,
-                    "ns_dtype": ns_dtype, "orthogonalizer": orthogonalizer, "shard": shard}
+        defaults = {
+            "lr": lr,
+            "momentum": momentum,
+            "nesterov": nesterov,
+            "ns_steps": ns_steps,
+            "ns_dtype": ns_dtype,
+            "orthogonalizer": orthogonalizer,
+            "shard": shard,
+        }
         super().__init__(params, defaults)
         for group in self.param_groups:
             for p in group["params"]:
@@ -171,9 +187,11 @@ class MuonH(torch.optim.Optimizer):
     def _capture_norm(self, p: torch.nn.Parameter) -> float:
         rho = float(p.detach().float().norm())
         if not rho > 0:
-            raise ValueError(f"MuonH: a parameter of shape {tuple(p.shape)} has zero Frobenius norm; the "
-                             "hyperspherical update keeps ||W||_F at its initial value, so it cannot start "
-                             "from zero (do not zero-initialise matrices optimised by MuonH)")
+            raise ValueError(
+                f"MuonH: a parameter of shape {tuple(p.shape)} has zero Frobenius norm; the "
+                "hyperspherical update keeps ||W||_F at its initial value, so it cannot start "
+                "from zero (do not zero-initialise matrices optimised by MuonH)"
+            )
         self.state[p]["init_norm"] = rho
         return rho
 
@@ -212,8 +230,11 @@ class MuonH(torch.optim.Optimizer):
             O = sharded_orthogonalize(U, group["ns_steps"], dt, method)
         else:
             O = orthogonalize(U, group["ns_steps"], dt, method)
-        rho = torch.tensor([self.state[p].get("init_norm") or self._capture_norm(p) for p in params],
-                           dtype=torch.float32, device=U.device).view(-1, 1, 1)
+        rho = torch.tensor(
+            [self.state[p].get("init_norm") or self._capture_norm(p) for p in params],
+            dtype=torch.float32,
+            device=U.device,
+        ).view(-1, 1, 1)
         O = O * (rho.to(dt) / O.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))  # ||O||_F = rho
         W = torch.stack([_wide(p.detach()).float() for p in params])
         W = W - torch.tensor(lr, dtype=torch.float32, device=U.device).to(dt) * O

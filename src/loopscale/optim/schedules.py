@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 Schedule = Callable[[int, int], float]
 
 
-def _shape(step: int, total_steps: int, *, warmup_frac: float, decay_steps: int | None,
-           final_lr_frac: float, cosine: bool) -> float:
+def _shape(
+    step: int, total_steps: int, *, warmup_frac: float, decay_steps: int | None, final_lr_frac: float, cosine: bool
+) -> float:
     if total_steps < 1:
         raise ValueError(f"total_steps must be at least 1 (got {total_steps})")
     if step < 0:
@@ -48,28 +49,35 @@ def _shape(step: int, total_steps: int, *, warmup_frac: float, decay_steps: int 
     return p + (1.0 - p) * final_lr_frac
 
 
-def linear_decay(step: int, total_steps: int, *, final_lr_frac: float = 0.1,
-                 warmup_frac: float = 0.0) -> float:
+def linear_decay(step: int, total_steps: int, *, final_lr_frac: float = 0.1, warmup_frac: float = 0.0) -> float:
     """The paper's: 1.0 at step 0 (after any warmup), linear towards ``final_lr_frac`` at step N."""
-    return _shape(step, total_steps, warmup_frac=warmup_frac, decay_steps=None,
-                  final_lr_frac=final_lr_frac, cosine=False)
+    return _shape(
+        step, total_steps, warmup_frac=warmup_frac, decay_steps=None, final_lr_frac=final_lr_frac, cosine=False
+    )
 
 
 def cosine(step: int, total_steps: int, *, final_lr_frac: float = 0.1, warmup_frac: float = 0.0) -> float:
     """Linear warmup, then a half cosine from 1.0 towards the floor ``final_lr_frac`` at step N."""
-    return _shape(step, total_steps, warmup_frac=warmup_frac, decay_steps=None,
-                  final_lr_frac=final_lr_frac, cosine=True)
+    return _shape(
+        step, total_steps, warmup_frac=warmup_frac, decay_steps=None, final_lr_frac=final_lr_frac, cosine=True
+    )
 
 
-def wsd(step: int, total_steps: int, *, decay_frac: float = 0.2, final_lr_frac: float = 0.1,
-        warmup_frac: float = 0.0) -> float:
+def wsd(
+    step: int, total_steps: int, *, decay_frac: float = 0.2, final_lr_frac: float = 0.1, warmup_frac: float = 0.0
+) -> float:
     """Warmup-stable-decay: flat at 1.0, then linear towards ``final_lr_frac`` over the last ``decay_frac``.
 
     The decay spans ``round(decay_frac * total_steps)`` steps (the paper code's warmdown).
     """
-    return _shape(step, total_steps, warmup_frac=warmup_frac,
-                  decay_steps=round(decay_frac * total_steps),
-                  final_lr_frac=final_lr_frac, cosine=False)
+    return _shape(
+        step,
+        total_steps,
+        warmup_frac=warmup_frac,
+        decay_steps=round(decay_frac * total_steps),
+        final_lr_frac=final_lr_frac,
+        cosine=False,
+    )
 
 
 def lr_schedule(cfg: OptimConfig) -> Schedule:

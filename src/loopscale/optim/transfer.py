@@ -36,11 +36,16 @@ def tokens_ref(cfg: OptimConfig, r: int) -> float:
     return float(cfg.tokens_ref)
 
 
-def transfer_factors(cfg: OptimConfig, *, d_model: int, tokens_per_step: int,
-                     total_tokens: float, r: int) -> dict[str, float]:
+def transfer_factors(
+    cfg: OptimConfig, *, d_model: int, tokens_per_step: int, total_tokens: float, r: int
+) -> dict[str, float]:
     """The three multipliers ``width``, ``batch``, ``data`` (all 1.0 when ``cfg.transfer`` is off)."""
-    for field, v in (("d_model", d_model), ("tokens_per_step", tokens_per_step),
-                     ("total_tokens", total_tokens), ("r", r)):
+    for field, v in (
+        ("d_model", d_model),
+        ("tokens_per_step", tokens_per_step),
+        ("total_tokens", total_tokens),
+        ("r", r),
+    ):
         if not v > 0:
             raise ConfigError(field, "must be positive", value=v)
     if not cfg.transfer:
@@ -65,8 +70,9 @@ def reference_lrs(cfg: OptimConfig) -> dict[str, float]:
     }
 
 
-def resolve_lrs(cfg: OptimConfig, *, d_model: int, tokens_per_step: int,
-                total_tokens: float, r: int) -> dict[str, float]:
+def resolve_lrs(
+    cfg: OptimConfig, *, d_model: int, tokens_per_step: int, total_tokens: float, r: int
+) -> dict[str, float]:
     """Peak (schedule multiplier 1) learning rate per group for this run, ready to log.
 
     At the reference point (d = d_ref, B = tokens_per_step_ref, D = D_ref(r), lr_scale = 1) these are

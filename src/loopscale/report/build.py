@@ -70,8 +70,10 @@ def build_panels(
         "axes": [tables.axes_table(ctx)],
         "test_time": [tables.test_time_table(ctx)],
     }
-    details: dict[str, list[tables.Table | None]] = {"equivalence": [tables.equivalence_table(ctx)],
-                                                     "allocation": [tables.allocation_table(ctx)]}
+    details: dict[str, list[tables.Table | None]] = {
+        "equivalence": [tables.equivalence_table(ctx)],
+        "allocation": [tables.allocation_table(ctx)],
+    }
     for name, title, fn in figures.FIGURES:
         say(f"figure: {name}")
         fig = fn(ctx)
@@ -113,8 +115,9 @@ def make_report(
         raise ValueError("formats must include 'png' (the page embeds the PNGs)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    inputs = load_inputs(runs, out, fit=fit, axes=axes, bootstrap=bootstrap, lr_draws=lr_draws, restarts=restarts,
-                         progress=progress)
+    inputs = load_inputs(
+        runs, out, fit=fit, axes=axes, bootstrap=bootstrap, lr_draws=lr_draws, restarts=restarts, progress=progress
+    )
     ctx = ReportContext.build(inputs)
     panels = build_panels(ctx, out, formats, progress)
     top = [tables.coefficients_table(ctx)]
@@ -132,9 +135,20 @@ def headline_record(ctx: ReportContext, index: Path) -> dict[str, Any]:
     from loopscale.report.plain import plain_headline
 
     def one(v: Any) -> dict[str, Any]:
-        return {"phi": v.phi, "phi_ci": list(v.ci) if v.ci else None, "ci_level": v.ci_level,
-                "resolved": v.resolved, "verdict": v.label, "reasons": v.reasons, "caveats": v.caveats}
+        return {
+            "phi": v.phi,
+            "phi_ci": list(v.ci) if v.ci else None,
+            "ci_level": v.ci_level,
+            "resolved": v.resolved,
+            "verdict": v.label,
+            "reasons": v.reasons,
+            "caveats": v.caveats,
+        }
 
-    return {"plain": plain_headline(ctx), "reference_variant": ctx.variant, **one(ctx.verdict),
-            "variants": {name: one(v) for name, v in ctx.verdicts.items() if name != ctx.variant},
-            "report": str(index)}
+    return {
+        "plain": plain_headline(ctx),
+        "reference_variant": ctx.variant,
+        **one(ctx.verdict),
+        "variants": {name: one(v) for name, v in ctx.verdicts.items() if name != ctx.variant},
+        "report": str(index),
+    }

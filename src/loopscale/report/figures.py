@@ -193,13 +193,23 @@ def _frontier_panels(ctx: ReportContext, height: float, empty: str) -> tuple[Any
 
 def _frontier_legend(ctx: ReportContext, grid: Any) -> None:
     grey = "#555555"
-    grid.legend([
-        *_r_handles(ctx, ctx.rs, line=True),
-        Line2D([], [], color=grey, linestyle="-", label="joint law (band: 95% CI)"),
-        Line2D([], [], color=grey, marker="o", linestyle="none", label="parabola minimum"),
-        Line2D([], [], color=grey, marker="o", markerfacecolor="white", linestyle="none",
-               label="open: best run (not bracketed)"),
-    ], 4)
+    grid.legend(
+        [
+            *_r_handles(ctx, ctx.rs, line=True),
+            Line2D([], [], color=grey, linestyle="-", label="joint law (band: 95% CI)"),
+            Line2D([], [], color=grey, marker="o", linestyle="none", label="parabola minimum"),
+            Line2D(
+                [],
+                [],
+                color=grey,
+                marker="o",
+                markerfacecolor="white",
+                linestyle="none",
+                label="open: best run (not bracketed)",
+            ),
+        ],
+        4,
+    )
 
 
 def _r_handles(ctx: ReportContext, rs: list[int], *, line: bool = False) -> list[Line2D]:
@@ -809,9 +819,7 @@ def fig_axes(ctx: ReportContext) -> Figure | None:
             color="#555555",
         )
     _axis_gap_panel(axs[-1], ctx, sc, names, rs)
-    where = (
-        style.FLOPS if several else "trained recurrences r" + (f" at C = {flops(budgets[0])}" if budgets else "")
-    )
+    where = style.FLOPS if several else "trained recurrences r" + (f" at C = {flops(budgets[0])}" if budgets else "")
     grid.labels(where, style.CONT_LOSS)
     grid.legend(_r_handles(ctx, rs, line=several), len(rs))
     fig.suptitle("five evaluation axes (compute-optimal run per cell; lower is better)", fontweight="bold")

@@ -95,5 +95,7 @@ def loss_gap_reading(d: dict[str, Any]) -> str | None:
     verdict, gap = loss_gap_verdict(d), d.get("loss_gap") or {}
     if verdict is None:
         return None
-    return (f"val loss {gap['mean']:+.3f} nats [{gap['ci'][0]:+.3f}, {gap['ci'][1]:+.3f}] on the same "
-            f"{gap['n_runs']} looped runs: {verdict}")
+    return (
+        f"val loss {gap['mean']:+.3f} nats [{gap['ci'][0]:+.3f}, {gap['ci'][1]:+.3f}] on the same "
+        f"{gap['n_runs']} looped runs: {verdict}"
+    )

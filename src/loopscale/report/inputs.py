@@ -36,6 +36,7 @@ AXIS_TITLES: dict[str, str] = {
 }
 AXES_REQUIRED: tuple[str, ...] = ("r", "axis", "loss")
 
+
 @dataclass
 class ReportInputs:
     """Everything one report is made from, with where each piece came from."""

@@ -31,22 +31,27 @@ def plain_headline(ctx: ReportContext) -> list[str]:
     ref = ctx.verdict
     control = _control_refit(ctx)
     lines = [_measured(ctx), "Result: " + _result(ref, "one extra pass through the shared blocks")]
-    lines.append(_r1_meaning(ctx) + f" For reference, the paper measures φ = "
-                 f"{phi_ci(PAPER_COEFFICIENTS['phi'], PAPER_PHI_CI, PROSE)} with 116 GPU runs at 4.6e17–2.2e19 FLOPs.")
+    lines.append(
+        _r1_meaning(ctx) + f" For reference, the paper measures φ = "
+        f"{phi_ci(PAPER_COEFFICIENTS['phi'], PAPER_PHI_CI, PROSE)} with 116 GPU runs at 4.6e17–2.2e19 FLOPs."
+    )
     if control is not None:
         name = control.variant.split(CONTROL_SEP, 1)[1]
-        lines.append(f"A different quantity, against r = 1 models built as a loop of one ({name}): "
-                     + _result(control, "a pass"))
+        lines.append(
+            f"A different quantity, against r = 1 models built as a loop of one ({name}): " + _result(control, "a pass")
+        )
         lines.append(_difference(ctx, name) + _tax_reading(ctx, name, ref, control))
     return lines
 
 
 def _r1_meaning(ctx: ReportContext) -> str:
     """Which r = 1 ran here, and which the paper ran."""
-    return ("Here r = 1 is the plain stack (the same depth of unique blocks, each run once, no loop). The "
-            "paper's code runs r = 1 as a loop of one over all 20 of its blocks (0 + 20 + 0: no prelude or coda, "
-            "a passthrough injection, its recurrent-state norm applied once): close to a plain stack, not the "
-            "same model.")
+    return (
+        "Here r = 1 is the plain stack (the same depth of unique blocks, each run once, no loop). The "
+        "paper's code runs r = 1 as a loop of one over all 20 of its blocks (0 + 20 + 0: no prelude or coda, "
+        "a passthrough injection, its recurrent-state norm applied once): close to a plain stack, not the "
+        "same model."
+    )
 
 
 def _control_refit(ctx: ReportContext) -> Verdict | None:
@@ -59,12 +64,15 @@ def _measured(ctx: ReportContext) -> str:
     df = ctx.inputs.runs.df
     rs = sorted(int(r) for r in set(df["r"]))
     budgets = sorted(set(ctx.budgets))
-    where = (f" at {len(budgets)} compute budgets from {flops(budgets[0])} to {flops(budgets[-1])} FLOPs"
-             if budgets else "")
-    return (f"What was measured: {df['run_id'].nunique()} training runs of small transformers whose middle blocks loop "
-            f"r = {', '.join(map(str, rs))} times{where}, fitted with the paper's scaling law to ask how much "
-            "one extra pass through the shared blocks is worth, as φ: 0 means nothing, 1 means as much as a "
-            "new unique block (arXiv 2604.21106).")
+    where = (
+        f" at {len(budgets)} compute budgets from {flops(budgets[0])} to {flops(budgets[-1])} FLOPs" if budgets else ""
+    )
+    return (
+        f"What was measured: {df['run_id'].nunique()} training runs of small transformers whose middle blocks loop "
+        f"r = {', '.join(map(str, rs))} times{where}, fitted with the paper's scaling law to ask how much "
+        "one extra pass through the shared blocks is worth, as φ: 0 means nothing, 1 means as much as a "
+        "new unique block (arXiv 2604.21106)."
+    )
 
 
 def _result(v: Verdict, what: str) -> str:
@@ -74,8 +82,10 @@ def _result(v: Verdict, what: str) -> str:
     kind = "profile-likelihood interval" if v.method == "profile likelihood" else "bootstrap CI"
     ci = f" ({v.ci_level:.0%} {kind} {phi(v.ci[0], PROSE)} to {phi(v.ci[1], PROSE)})" if v.ci else ""
     if not v.resolved:
-        return (f"not measured precisely enough to quote. The best estimate is that {what} is worth "
-                f"φ = {phi(v.phi, PROSE)} of a unique block{ci}, but {'; '.join(v.reasons)}.")
+        return (
+            f"not measured precisely enough to quote. The best estimate is that {what} is worth "
+            f"φ = {phi(v.phi, PROSE)} of a unique block{ci}, but {'; '.join(v.reasons)}."
+        )
     return f"{what} is worth φ = {phi(v.phi, PROSE)} of a unique block{ci}. " + _sureness(v)
 
 
@@ -92,12 +102,17 @@ def _sureness(v: Verdict) -> str:
 
 def _difference(ctx: ReportContext, control: str) -> str:
     tax = structure_tax(ctx.inputs.runs.df, ctx.variant, control)
-    cost = (f", which by itself costs {_span(tax)} nats against the plain stack at the same compute "
-            "(best run per budget)") if tax else ""
-    return (f"What the control measures: its r = 1 models ({control}) are a loop of one in the looped models' own "
-            f"layout, with their prelude, coda, input injection and recurrent-state norm{cost}. So its φ prices a "
-            "repeat apart from the fixed cost of the loop's structure; it is not the paper's estimand "
-            "(docs/cpu-scale.md).")
+    cost = (
+        (f", which by itself costs {_span(tax)} nats against the plain stack at the same compute (best run per budget)")
+        if tax
+        else ""
+    )
+    return (
+        f"What the control measures: its r = 1 models ({control}) are a loop of one in the looped models' own "
+        f"layout, with their prelude, coda, input injection and recurrent-state norm{cost}. So its φ prices a "
+        "repeat apart from the fixed cost of the loop's structure; it is not the paper's estimand "
+        "(docs/cpu-scale.md)."
+    )
 
 
 def _tax_reading(ctx: ReportContext, control: str, ref: Verdict, fit: Verdict) -> str:
@@ -106,8 +121,10 @@ def _tax_reading(ctx: ReportContext, control: str, ref: Verdict, fit: Verdict) -
     lower = ref.phi is not None and fit.phi is not None and ref.phi < fit.phi
     if ref.resolved or not tax or max(tax.values()) <= 0 or not lower:
         return ""
-    return (" The paper-design fit's φ is lower because every looped model also pays that structural cost, "
-            "which the law has no term for.")
+    return (
+        " The paper-design fit's φ is lower because every looped model also pays that structural cost, "
+        "which the law has no term for."
+    )
 
 
 def _span(tax: dict[float, float]) -> str:

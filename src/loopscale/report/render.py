@@ -180,8 +180,12 @@ def headline(ctx: ReportContext) -> dict[str, Any]:
             e = emp[(emp["r"] == r) & emp["gap_to_r1"].notna()]
             if r != 1 and len(e):
                 emp_gaps.append(f"r = {r}: {e['gap_to_r1'].min():+.3f} to {e['gap_to_r1'].max():+.3f}")
-    dphi = [delta_phi_reading(d) + f" ({d['variant']} − {d['reference']})"
-            + (f"; {gap}" if (gap := loss_gap_reading(d)) else "") for d in ctx.fit.get("delta_phi") or []]
+    dphi = [
+        delta_phi_reading(d)
+        + f" ({d['variant']} − {d['reference']})"
+        + (f"; {gap}" if (gap := loss_gap_reading(d)) else "")
+        for d in ctx.fit.get("delta_phi") or []
+    ]
     warnings = list(dict.fromkeys([*ctx.notes, *v.caveats, *(ctx.fit.get("warnings") or [])]))
     no_checks: dict[str, Any] = {}
     hs = (vf.checks or no_checks).get("half_split") or {}

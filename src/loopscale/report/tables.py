@@ -85,13 +85,22 @@ def coefficients_table(ctx: ReportContext) -> Table:
     rows.append(["RMSE (nats/token)", num(m["rmse"]), per_r])
     for key, rf in (rec.get("restricted") or {}).items():
         rows.append([f"restricted fit {key.replace('phi', 'φ')}: R²", num(rf["r2"]), f"RMSE {rf['rmse']:.4f}"])
-    for label, ho in (("free fit", (rec.get("checks") or {}).get("held_out")),
-                      *((f"restricted fit {k.replace('phi', 'φ')}", rf.get("held_out"))
-                        for k, rf in (rec.get("restricted") or {}).items())):
+    for label, ho in (
+        ("free fit", (rec.get("checks") or {}).get("held_out")),
+        *(
+            (f"restricted fit {k.replace('phi', 'φ')}", rf.get("held_out"))
+            for k, rf in (rec.get("restricted") or {}).items()
+        ),
+    ):
         if ho and ho.get("extrapolation_rmse") is not None:
             lor = ho.get("leave_one_r_out_rmse")
-            rows.append([f"{label}: held-out RMSE, top budget", num(ho["extrapolation_rmse"]),
-                         "" if lor is None else f"leave-one-r-out {lor:.4f}"])
+            rows.append(
+                [
+                    f"{label}: held-out RMSE, top budget",
+                    num(ho["extrapolation_rmse"]),
+                    "" if lor is None else f"leave-one-r-out {lor:.4f}",
+                ]
+            )
     for r, cf in (rec.get("per_r") or {}).items():
         cp = cf["params"]
         rows.append([f"Chinchilla fit r = {r} alone: R²", num(cf["r2"]), f"α {cp['alpha']:.3f}, β {cp['beta']:.3f}"])
@@ -130,14 +139,20 @@ def delta_phi_table(ctx: ReportContext) -> Table | None:
         if name == ctx.variant:
             rows.append([name + " (reference)", phi, "–", "–", "–", "–", "reference"])
         elif d is None:
-            why = ("read against other r = 1 runs than the reference" if r1_anchor(name) != r1_anchor(ctx.variant)
-                   else "φ undetermined")
+            why = (
+                "read against other r = 1 runs than the reference"
+                if r1_anchor(name) != r1_anchor(ctx.variant)
+                else "φ undetermined"
+            )
             rows.append([name, phi, "–", "–", "–", "–", f"Δφ not computed ({why})"])
         else:
             frac = MISSING if d.get("fraction_above_zero") is None else f"{d['fraction_above_zero']:.2f}"
             gap = d.get("loss_gap") or {}
-            gap_cell = (f"{signed(gap['mean'], 3)} {interval(gap.get('ci'), 3, is_signed=True)}"
-                        if isinstance(gap.get("mean"), int | float) else "–")
+            gap_cell = (
+                f"{signed(gap['mean'], 3)} {interval(gap.get('ci'), 3, is_signed=True)}"
+                if isinstance(gap.get("mean"), int | float)
+                else "–"
+            )
             reading = delta_phi_reading(d).split(": ", 1)[-1]
             both = loss_gap_verdict(d)
             rows.append(
@@ -154,8 +169,15 @@ def delta_phi_table(ctx: ReportContext) -> Table | None:
     return Table(
         "tab-delta-phi",
         "Δφ per recipe (separate fits, calibrated interval; and under one shared law)",
-        ["recipe", "φ [CI]", "Δφ [CI]", "P(Δφ > 0)", "shared law: Δφ (held-out reading)",
-         "Δ val loss, same runs [CI]", "reading"],
+        [
+            "recipe",
+            "φ [CI]",
+            "Δφ [CI]",
+            "P(Δφ > 0)",
+            "shared law: Δφ (held-out reading)",
+            "Δ val loss, same runs [CI]",
+            "reading",
+        ],
         rows,
         "r = 1 runs are shared by every recipe; Δφ = φ(recipe) − φ(reference). Separate fits give each recipe "
         "its own E, A, α, B, β; the shared law keeps the reference's and moves only φ (fit/inference/shared.py), "
@@ -399,8 +421,11 @@ def checks_table(ctx: ReportContext) -> Table | None:
             rows.append([f"{half} half of the budgets ({span})", phi_txt(h.get("phi")), f"R² {num(h.get('r2'))}"])
     for r, lo in (ch.get("leave_one_r_out") or {}).items():
         rows.append(
-            [f"leave r = {r} out, predict it", phi_txt(lo.get("phi")),
-             f"RMSE {num(lo['rmse'])}, bias {lo['bias']:+.4f}"]
+            [
+                f"leave r = {r} out, predict it",
+                phi_txt(lo.get("phi")),
+                f"RMSE {num(lo['rmse'])}, bias {lo['bias']:+.4f}",
+            ]
         )
     return Table(
         "tab-checks",

@@ -40,9 +40,13 @@ def prepare(spec: SweepSpec, out: str | Path | None = None, *, change_spec: bool
     text = spec.resolved_text()
     changed = holds_another_spec(spec, store)
     if changed and not change_spec:
-        raise ConfigError("spec", f"{store.root} already holds another spec (its spec.toml differs from {spec.source}"
-                          "); use a new sweep dir (--out), rerun it as `loopscale sweep run "
-                          f"{store.root}`, or pass --change-spec to change its spec", source=str(store.spec_path))
+        raise ConfigError(
+            "spec",
+            f"{store.root} already holds another spec (its spec.toml differs from {spec.source}"
+            "); use a new sweep dir (--out), rerun it as `loopscale sweep run "
+            f"{store.root}`, or pass --change-spec to change its spec",
+            source=str(store.spec_path),
+        )
     store.materialise(spec.runs())  # refuses run dirs trained with a different config
     if changed or not store.exists():  # keep the original header when rerun from the sweep dir
         store.write_spec(text)
@@ -60,9 +64,19 @@ def _body(text: str) -> list[str]:
     return [line for line in text.splitlines() if not line.startswith("#")]
 
 
-def run_sweep(spec: SweepSpec, store: SweepStore, *, variants: list[str] | None = None, max_retries: int | None = None,
-              isolate: bool = False, gpus: list[int] | None = None, nproc_per_run: int = 1, progress: bool = True,
-              console=None, slots: int | None = None):
+def run_sweep(
+    spec: SweepSpec,
+    store: SweepStore,
+    *,
+    variants: list[str] | None = None,
+    max_retries: int | None = None,
+    isolate: bool = False,
+    gpus: list[int] | None = None,
+    nproc_per_run: int = 1,
+    progress: bool = True,
+    console=None,
+    slots: int | None = None,
+):
     """Run the sweep with the local executor; returns a ``local.Summary``.
 
     ``slots``: CPU runs at once (None: as many as the cores hold at ``run.threads`` each; 1: serial, in-process).
@@ -74,10 +88,40 @@ def run_sweep(spec: SweepSpec, store: SweepStore, *, variants: list[str] | None 
     runs = spec.runs(variants)
     flops = {rs.run_id: plan_row(rs, spec).flops for rs in runs}
     retries = spec.max_retries if max_retries is None else max_retries
-    return run_local(store, runs, flops, max_retries=retries, console=console or Console(stderr=True),
-                     isolate=isolate, gpus=gpus, nproc_per_run=nproc_per_run, progress=progress, slots=slots)
+    return run_local(
+        store,
+        runs,
+        flops,
+        max_retries=retries,
+        console=console or Console(stderr=True),
+        isolate=isolate,
+        gpus=gpus,
+        nproc_per_run=nproc_per_run,
+        progress=progress,
+        slots=slots,
+    )
 
 
-__all__ = ["BASELINE", "COLUMNS", "STATUSES", "Plan", "PlanRow", "RunSpec", "SweepSpec", "SweepStore",
-           "default_dir", "holds_another_spec", "load_spec", "make_plan", "open_store", "plan_row", "prepare",
-           "preset_path", "presets", "run_sweep", "runs_table", "spec_from_dict", "write_table"]
+__all__ = [
+    "BASELINE",
+    "COLUMNS",
+    "STATUSES",
+    "Plan",
+    "PlanRow",
+    "RunSpec",
+    "SweepSpec",
+    "SweepStore",
+    "default_dir",
+    "holds_another_spec",
+    "load_spec",
+    "make_plan",
+    "open_store",
+    "plan_row",
+    "prepare",
+    "preset_path",
+    "presets",
+    "run_sweep",
+    "runs_table",
+    "spec_from_dict",
+    "write_table",
+]

@@ -70,16 +70,22 @@ def tidy_finished_run(store: SweepStore, run_id: str, state: RunState | None = N
     tidy_finished(store.run_dir(run_id), keep_checkpoint=keep)
 
 
-def execute_run(store: SweepStore, run_id: str, *, max_retries: int, on_step: Callable[[int, int], None] | None = None,
-                executor: str = "local", job_id: str | None = None) -> str:
+def execute_run(
+    store: SweepStore,
+    run_id: str,
+    *,
+    max_retries: int,
+    on_step: Callable[[int, int], None] | None = None,
+    executor: str = "local",
+    job_id: str | None = None,
+) -> str:
     """Train one run of the sweep (or skip it). Returns one of OUTCOMES.
 
     ``retry``: it failed and has retries left (the caller decides when to run it again).
     RunInterrupted and KeyboardInterrupt propagate after the lock is released.
     """
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        return _execute_ranks(store, run_id, max_retries=max_retries, on_step=on_step, executor=executor,
-                              job_id=job_id)
+        return _execute_ranks(store, run_id, max_retries=max_retries, on_step=on_step, executor=executor, job_id=job_id)
     rs = store.load_run(run_id)
     begun = _begin(store, run_id, max_retries, executor=executor, job_id=job_id)
     if isinstance(begun, str):
@@ -112,8 +118,9 @@ class _Ending:
         return {"kind": self.kind, "error": self.error, "traceback": self.traceback[-20_000:], "ended": self.ended}
 
 
-def _begin(store: SweepStore, run_id: str, max_retries: int, *, executor: str,
-           job_id: str | None) -> str | tuple[Lock, dict[str, Any]]:
+def _begin(
+    store: SweepStore, run_id: str, max_retries: int, *, executor: str, job_id: str | None
+) -> str | tuple[Lock, dict[str, Any]]:
     """Rank 0's books before training: the skip outcome, or the held lock and the counted attempt."""
     ok, why = runnable(store, run_id, max_retries)
     if not ok:
@@ -138,8 +145,14 @@ def _begin(store: SweepStore, run_id: str, max_retries: int, *, executor: str,
             print(f"warning: {problem}; moved to {aside.name}, the run runs again", file=sys.stderr, flush=True)
         att["attempts"] = int(att.get("attempts", 0)) + 1
         store.write_attempts(run_id, att)
-        store.event("start", run_id, attempt=att["attempts"], resume=(run_dir / "ckpt.pt").exists(),
-                    executor=executor, job_id=job_id)
+        store.event(
+            "start",
+            run_id,
+            attempt=att["attempts"],
+            resume=(run_dir / "ckpt.pt").exists(),
+            executor=executor,
+            job_id=job_id,
+        )
     except BaseException:
         lock.release()
         raise
@@ -166,8 +179,14 @@ def _step_hook(lock: Lock, on_step: Callable[[int, int], None] | None) -> Callab
     return step_hook
 
 
-def _attempt(rs: Any, run_dir: Path, on_step: Callable[[int, int], None] | None,
-             setup: Callable[[], None] | None = None, *, log: bool = False) -> _Ending:
+def _attempt(
+    rs: Any,
+    run_dir: Path,
+    on_step: Callable[[int, int], None] | None,
+    setup: Callable[[], None] | None = None,
+    *,
+    log: bool = False,
+) -> _Ending:
     """Call train() (after ``setup``, e.g. the rank's process group) and say how it ended; never raises.
 
     ``log``: a worker whose output goes to a log file (``--isolate``, SLURM) prints train()'s plain
@@ -185,15 +204,19 @@ def _attempt(rs: Any, run_dir: Path, on_step: Callable[[int, int], None] | None,
     except (RunInterrupted, KeyboardInterrupt) as exc:
         return _Ending("interrupted", exc=exc)
     except ConfigError as err:
-        return _Ending("config", error=f"ConfigError: {err}", traceback=traceback.format_exc(),
-                       wall_s=time.time() - t0)
+        return _Ending("config", error=f"ConfigError: {err}", traceback=traceback.format_exc(), wall_s=time.time() - t0)
     except TrainingFailed as exc:  # rank 0's trainer wrote result.json; the cause names the error
         cause = exc.__cause__ or exc
-        return _Ending("failed", error=f"{type(cause).__name__}: {cause}", traceback=traceback.format_exc(),
-                       wall_s=time.time() - t0)
+        return _Ending(
+            "failed",
+            error=f"{type(cause).__name__}: {cause}",
+            traceback=traceback.format_exc(),
+            wall_s=time.time() - t0,
+        )
     except Exception as exc:  # anything the trainer did not record (setup, devices)
-        return _Ending("error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(),
-                       wall_s=time.time() - t0)
+        return _Ending(
+            "error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(), wall_s=time.time() - t0
+        )
 
 
 def _settle(store: SweepStore, rs: Any, att: dict[str, Any], ending: _Ending, max_retries: int) -> str:
@@ -206,8 +229,9 @@ def _settle(store: SweepStore, rs: Any, att: dict[str, Any], ending: _Ending, ma
     if ending.kind == "result":
         res = ending.result or {}
         status = str(res.get("status"))
-        store.event("done" if status == "ok" else status, run_id, val_loss=res.get("val_loss"),
-                    wall_s=res.get("wall_s"))
+        store.event(
+            "done" if status == "ok" else status, run_id, val_loss=res.get("val_loss"), wall_s=res.get("wall_s")
+        )
         return "done" if status == "ok" else ("diverged" if status == "diverged" else "failed")
     if ending.kind == "config":
         record_failure(store, rs, att, ending.error, ending.traceback, retryable=False, wall_s=ending.wall_s)
@@ -216,15 +240,32 @@ def _settle(store: SweepStore, rs: Any, att: dict[str, Any], ending: _Ending, ma
         from loopscale.train import read_result
 
         rec = read_result(store.run_dir(run_id)) or {}
-        record_failure(store, rs, att, str(rec.get("error", "failed")), rec.get("traceback", ""), retryable=True,
-                        wall_s=ending.wall_s, write_result=not rec)
+        record_failure(
+            store,
+            rs,
+            att,
+            str(rec.get("error", "failed")),
+            rec.get("traceback", ""),
+            retryable=True,
+            wall_s=ending.wall_s,
+            write_result=not rec,
+        )
     else:
         record_failure(store, rs, att, ending.error, ending.traceback, retryable=True, wall_s=ending.wall_s)
     return "retry" if att["failures"] <= max_retries else "failed"
 
 
-def record_failure(store: SweepStore, rs: Any, att: dict[str, Any], error: str, tb: str, *, retryable: bool,
-                    wall_s: float, write_result: bool = True) -> None:
+def record_failure(
+    store: SweepStore,
+    rs: Any,
+    att: dict[str, Any],
+    error: str,
+    tb: str,
+    *,
+    retryable: bool,
+    wall_s: float,
+    write_result: bool = True,
+) -> None:
     """Count the failure in attempts.json; write result.json (status failed) if the trainer did not."""
     from loopscale.train.loop import result_fields
 
@@ -234,16 +275,27 @@ def record_failure(store: SweepStore, rs: Any, att: dict[str, Any], error: str, 
     store.write_attempts(rs.run_id, att)
     path = Path(store.run_dir(rs.run_id)) / RESULT
     if write_result or not path.exists():
-        atomic_write_json(path, RunRecord(status="failed", error=error, traceback=tb, **result_fields(rs.config),
-                                          C=rs.C, wall_s=wall_s).dump())
+        atomic_write_json(
+            path,
+            RunRecord(
+                status="failed", error=error, traceback=tb, **result_fields(rs.config), C=rs.C, wall_s=wall_s
+            ).dump(),
+        )
     store.event("failed", rs.run_id, error=error, failures=att["failures"], retryable=retryable)
 
 
 # -- several ranks --------------------------------------------------------------------------------------------------
 
 
-def _execute_ranks(store: SweepStore, run_id: str, *, max_retries: int, on_step: Callable[[int, int], None] | None,
-                   executor: str, job_id: str | None) -> str:
+def _execute_ranks(
+    store: SweepStore,
+    run_id: str,
+    *,
+    max_retries: int,
+    on_step: Callable[[int, int], None] | None,
+    executor: str,
+    job_id: str | None,
+) -> str:
     """One call of a multi-rank run: every rank agrees on skip, retry and give-up.
 
     1. Rank 0 alone reads the store and decides (``_begin``: runnable, lock, attempts) and sends the
@@ -279,8 +331,9 @@ def _execute_ranks(store: SweepStore, run_id: str, *, max_retries: int, on_step:
             if decision.get("skip"):
                 return str(decision["skip"])
         hook = _step_hook(lock, on_step) if lock is not None else None
-        ending = _attempt(rs, store.run_dir(run_id), hook, setup=lambda: ctl.init_group(rs.config.run.device),
-                          log=executor != "local")
+        ending = _attempt(
+            rs, store.run_dir(run_id), hook, setup=lambda: ctl.init_group(rs.config.run.device), log=executor != "local"
+        )
         if ctl.rank != 0:
             with contextlib.suppress(RuntimeError):  # rank 0 gone: the claim below gives up
                 ctl.post(f"end/{ctl.rank}", ending.message())
@@ -293,8 +346,9 @@ def _execute_ranks(store: SweepStore, run_id: str, *, max_retries: int, on_step:
             lock.release()
 
 
-def _begin_shared(ctl: _Control, store: SweepStore, run_id: str, max_retries: int, *, executor: str,
-                  job_id: str | None) -> str | tuple[Lock, dict[str, Any]]:
+def _begin_shared(
+    ctl: _Control, store: SweepStore, run_id: str, max_retries: int, *, executor: str, job_id: str | None
+) -> str | tuple[Lock, dict[str, Any]]:
     """Rank 0: ``_begin`` and send its decision to the other ranks (an error is sent too, then raised)."""
     try:
         begun = _begin(store, run_id, max_retries, executor=executor, job_id=job_id)
@@ -311,8 +365,9 @@ def _begin_shared(ctl: _Control, store: SweepStore, run_id: str, max_retries: in
     return begun
 
 
-def _outcome_on_rank0(ctl: _Control, store: SweepStore, rs: Any, att: dict[str, Any], own: _Ending,
-                      max_retries: int) -> str:
+def _outcome_on_rank0(
+    ctl: _Control, store: SweepStore, rs: Any, att: dict[str, Any], own: _Ending, max_retries: int
+) -> str:
     """Rank 0: collect the reports, claim the attempt, keep the books once and send the outcome."""
     from loopscale.train import RunInterrupted
 
@@ -323,8 +378,11 @@ def _outcome_on_rank0(ctl: _Control, store: SweepStore, rs: Any, att: dict[str, 
         store.event("interrupted", rs.run_id)
         if claim == "rank0":
             ctl.send("outcome", "interrupted")
-        raise own.exc if own.exc is not None else RunInterrupted(
-            f"{rs.run_id}: another rank was stopped by a signal; the checkpoint is saved")
+        raise (
+            own.exc
+            if own.exc is not None
+            else RunInterrupted(f"{rs.run_id}: another rank was stopped by a signal; the checkpoint is saved")
+        )
     outcome = _settle(store, rs, att, ending, max_retries)
     if claim != "rank0":  # abandoned: end the task on every rank; the run stays retryable
         return "failed" if outcome == "retry" else outcome
@@ -344,8 +402,11 @@ def _outcome_on_worker(ctl: _Control, own: _Ending) -> str:
         return "failed"
     outcome = ctl.receive("outcome")
     if outcome == "interrupted":
-        raise own.exc if own.exc is not None else RunInterrupted(
-            "rank 0 was stopped by a signal; the checkpoint is saved")
+        raise (
+            own.exc
+            if own.exc is not None
+            else RunInterrupted("rank 0 was stopped by a signal; the checkpoint is saved")
+        )
     return str(outcome)
 
 
@@ -362,14 +423,15 @@ def _combine(own: _Ending, reports: dict[int, dict[str, Any] | None], timeout_s:
         return _Ending("interrupted")
     failed = {r: rep for r, rep in {0: own.message(), **reports}.items() if rep is None or rep["kind"] != "result"}
     failed = dict(sorted(failed.items(), key=lambda kv: kv[1]["ended"] if kv[1] else math.inf))
-    errors = {r: rep["error"] if rep else f"no report within {timeout_s:g} s (stuck in a collective?)"
-              for r, rep in failed.items()}
+    errors = {
+        r: rep["error"] if rep else f"no report within {timeout_s:g} s (stuck in a collective?)"
+        for r, rep in failed.items()
+    }
     if set(errors.values()) == {own.error}:
         return own  # every failing rank says the same: record it as a single rank would
     kind = "config" if any(rep and rep["kind"] == "config" for rep in failed.values()) else "error"
     tb = "\n".join(f"--- rank {r} ---\n{rep['traceback']}" for r, rep in failed.items() if rep)
-    return _Ending(kind, error="; ".join(f"rank {r}: {e}" for r, e in errors.items()), traceback=tb,
-                   wall_s=own.wall_s)
+    return _Ending(kind, error="; ".join(f"rank {r}: {e}" for r, e in errors.items()), traceback=tb, wall_s=own.wall_s)
 
 
 def _teardown_group() -> None:
@@ -419,9 +481,12 @@ class _Control:
         use_cuda = uses_cuda(device_pref) and torch.cuda.is_available()  # no GPU: train() reports it
         if use_cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        torch.distributed.init_process_group("nccl" if use_cuda else "gloo",
-                                             store=torch.distributed.PrefixStore(self.prefix + "pg/", self.base),
-                                             rank=self.rank, world_size=self.world)
+        torch.distributed.init_process_group(
+            "nccl" if use_cuda else "gloo",
+            store=torch.distributed.PrefixStore(self.prefix + "pg/", self.base),
+            rank=self.rank,
+            world_size=self.world,
+        )
 
     def post(self, key: str, value: Any) -> None:
         self.store.set(key, json.dumps(value))

@@ -42,16 +42,24 @@ class Timing:
 
     def run_seconds(self, cfg: TrainConfig, steps: int) -> float:
         val_rows = math.ceil(cfg.run.val_tokens / cfg.model.seq_len)
-        return (steps * (cfg.run.batch_size * self.s_per_row + self.s_opt) + val_rows * self.s_per_row / 3
-                + RUN_OVERHEAD_S)
+        return (
+            steps * (cfg.run.batch_size * self.s_per_row + self.s_opt) + val_rows * self.s_per_row / 3 + RUN_OVERHEAD_S
+        )
 
 
 def shape_key(cfg: TrainConfig, device: str, threads: int | None = None) -> str:
     """Everything that changes the speed of a step (not the budget, seed or data); ``threads``: the torch
     threads it runs with when ``run.threads`` leaves them to the machine (a slot's share)."""
-    blob = {"model": cfg.model.model_dump(mode="json"), "micro": cfg.run.micro_batch or cfg.run.batch_size,
-            "optim": cfg.optim.name, "ns_steps": cfg.optim.ns_steps, "threads": cfg.run.threads or threads,
-            "dtype": cfg.run.dtype, "compile": cfg.run.compile, "device": device}
+    blob = {
+        "model": cfg.model.model_dump(mode="json"),
+        "micro": cfg.run.micro_batch or cfg.run.batch_size,
+        "optim": cfg.optim.name,
+        "ns_steps": cfg.optim.ns_steps,
+        "threads": cfg.run.threads or threads,
+        "dtype": cfg.run.dtype,
+        "compile": cfg.run.compile,
+        "device": device,
+    }
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -95,8 +103,14 @@ def measure(cfg: TrainConfig, rows: int, *, steps: int = 2, threads: int | None 
     model = LoopedLM(cfg.model).to(device)
     model.fused_loss = cfg.run.fused_loss
     step_fn, _ = compile_for_training(model, model.blocks(), cfg.run.compile, device)
-    opt = build_optimizers(model.param_groups(), cfg.optim, d_model=cfg.model.width,
-                           tokens_per_step=cfg.tokens_per_step, total_tokens=1e9, r=cfg.model.r)
+    opt = build_optimizers(
+        model.param_groups(),
+        cfg.optim,
+        d_model=cfg.model.width,
+        tokens_per_step=cfg.tokens_per_step,
+        total_tokens=1e9,
+        r=cfg.model.r,
+    )
     dtype = resolved_dtype(device, cfg.run.dtype)
     T, V = cfg.model.seq_len, min(cfg.model.vocab_size, 256)
     x = torch.randint(0, V, (rows, T), device=device)
@@ -150,8 +164,9 @@ class Calibration:
         else:
             self._all = {}
 
-    def ensure(self, configs: list[TrainConfig], *, budget_s: float = 60.0, rows: int = 8,
-               log: Any = None) -> tuple[int, int]:
+    def ensure(
+        self, configs: list[TrainConfig], *, budget_s: float = 60.0, rows: int = 8, log: Any = None
+    ) -> tuple[int, int]:
         """Measure shapes not in the cache, cheapest first, within ``budget_s``. Returns (measured, total).
 
         Rows per measurement shrink (to 1) so that a warm-up and two timed steps fit in what is left of the
@@ -190,14 +205,22 @@ class Calibration:
             if log is not None:
                 log(f"calibrating {cfg.model.layout} d={cfg.model.width} ({n_rows} rows of {cfg.model.seq_len})")
             s_row, s_opt = measure(cfg, n_rows, threads=self.cores)
-            self.entries[key] = {"s_per_row": s_row, "s_opt": s_opt, "flops_per_s": f * cfg.model.seq_len / s_row,
-                                 "flops_per_token": f, "layout": cfg.model.layout, "d_model": cfg.model.width,
-                                 "rows": n_rows}
+            self.entries[key] = {
+                "s_per_row": s_row,
+                "s_opt": s_opt,
+                "flops_per_s": f * cfg.model.seq_len / s_row,
+                "flops_per_token": f,
+                "layout": cfg.model.layout,
+                "d_model": cfg.model.width,
+                "rows": n_rows,
+            }
         self._save()
         measured = sum(k in self.entries for k in shapes)
         if not measured:
-            self.note = f"no model shape fits in --calibrate-s={budget_s:g} on this machine: no timing " \
-                        "(raise it, or use --flops-per-s)"
+            self.note = (
+                f"no model shape fits in --calibrate-s={budget_s:g} on this machine: no timing "
+                "(raise it, or use --flops-per-s)"
+            )
         return measured, len(shapes)
 
     def _nearest_fps(self, f: float) -> float | None:
@@ -220,8 +243,11 @@ class Calibration:
     def measured_flops_per_s(self, key: str) -> float | None:
         """The FLOP/s measured for the shape ``key`` (``shape_key``) on any cached machine, the slowest; no
         measuring and no extrapolation (a login node sizing SLURM jobs for GPU nodes it cannot time)."""
-        found = [float(entries[key]["flops_per_s"]) for entries in self._all.values()
-                 if isinstance(entries, dict) and "flops_per_s" in entries.get(key, {})]
+        found = [
+            float(entries[key]["flops_per_s"])
+            for entries in self._all.values()
+            if isinstance(entries, dict) and "flops_per_s" in entries.get(key, {})
+        ]
         return min(found) if found else None
 
     def _save(self) -> None:

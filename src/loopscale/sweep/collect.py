@@ -20,7 +20,7 @@ from loopscale.sweep.store import SweepStore
 
 COLUMNS: tuple[str, ...] = record.LEAD
 """The lead columns the fit and the report rely on."""
-EXTRA: tuple[str, ...] = record.runs_table_columns()[len(COLUMNS):]
+EXTRA: tuple[str, ...] = record.runs_table_columns()[len(COLUMNS) :]
 """Every column after ``COLUMNS``, ``attempts`` and the record's later fields included."""
 
 

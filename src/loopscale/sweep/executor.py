@@ -131,9 +131,11 @@ def get(name: str) -> Executor:
         except ImportError as exc:
             missing = exc.name or "a dependency"
             others = " or ".join(n for n in EXECUTORS if n != name)
-            raise ExecutorUnavailable("--executor", f"{name} needs {missing}, which cannot be imported ({exc}); "
-                                      f"pip install {missing}" + (f", or use --executor {others}" if others else ""),
-                                      ) from None
+            raise ExecutorUnavailable(
+                "--executor",
+                f"{name} needs {missing}, which cannot be imported ({exc}); "
+                f"pip install {missing}" + (f", or use --executor {others}" if others else ""),
+            ) from None
     return entry()
 
 

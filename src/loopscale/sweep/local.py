@@ -48,11 +48,17 @@ class LocalSettings(StrictModel):
     """The spec's ``[local]`` table (the CLI flags override it)."""
 
     isolate: bool = Field(False, description="each run in its own subprocess")
-    gpus: list[int] | None = Field(None, description="GPU ids for parallel slots, positions in CUDA_VISIBLE_DEVICES "
-                                   "when it is set (default: all visible)")
+    gpus: list[int] | None = Field(
+        None,
+        description="GPU ids for parallel slots, positions in CUDA_VISIBLE_DEVICES "
+        "when it is set (default: all visible)",
+    )
     nproc_per_run: int = Field(1, gt=0, description="torchrun processes (GPUs) per run")
-    slots: int | None = Field(None, gt=0, description="CPU runs trained at once (default: cores // run.threads; "
-                              "1 when the runs do not set run.threads)")
+    slots: int | None = Field(
+        None,
+        gt=0,
+        description="CPU runs trained at once (default: cores // run.threads; 1 when the runs do not set run.threads)",
+    )
 
 
 @dataclass
@@ -95,8 +101,12 @@ def gpu_slots(gpus: list[int] | None, nproc_per_run: int) -> list[dict[str, str]
             if bad:
                 from loopscale.errors import ConfigError
 
-                raise ConfigError("--gpus", f"ids are positions in CUDA_VISIBLE_DEVICES={parent} ({len(visible)} "
-                                  f"visible GPU(s)); {bad[0]} is not one", value=",".join(map(str, gpus)))
+                raise ConfigError(
+                    "--gpus",
+                    f"ids are positions in CUDA_VISIBLE_DEVICES={parent} ({len(visible)} "
+                    f"visible GPU(s)); {bad[0]} is not one",
+                    value=",".join(map(str, gpus)),
+                )
             devices = [visible[g] for g in gpus]
     elif gpus is not None:
         devices = [str(g) for g in gpus]
@@ -141,8 +151,14 @@ def cpu_slots(runs: list[RunSpec], requested: int | None = None) -> int:
     return max(1, available_cores() // max(t for t in threads if t is not None))
 
 
-def slot_envs(runs: list[RunSpec], *, isolate: bool = False, gpus: list[int] | None = None, nproc_per_run: int = 1,
-              slots: int | None = None) -> tuple[list[dict[str, str]], bool]:
+def slot_envs(
+    runs: list[RunSpec],
+    *,
+    isolate: bool = False,
+    gpus: list[int] | None = None,
+    nproc_per_run: int = 1,
+    slots: int | None = None,
+) -> tuple[list[dict[str, str]], bool]:
     """The environment of each parallel worker slot (empty: one run at a time in this process), and whether
     they are CPU slots (long-lived workers, ``slot_worker``) rather than a process per run (``isolate``)."""
     envs = gpu_slots(gpus, nproc_per_run) if (gpus is None or gpus) else []
@@ -201,13 +217,24 @@ class LocalExecutor(Executor):
         """Train the runs here; one line of outcomes, then SweepIncomplete (failed runs) or SweepBusy."""
         local: LocalSettings = self.settings(job.table, job.source)
         store = job.store
-        summary = run_local(store, job.runs, job.flops, max_retries=job.max_retries, console=job.console,
-                            isolate=bool(job.option("isolate")) or local.isolate, gpus=job.option("gpus", local.gpus),
-                            nproc_per_run=job.option("nproc_per_run") or local.nproc_per_run,
-                            progress=job.progress, slots=job.option("slots") or local.slots)
+        summary = run_local(
+            store,
+            job.runs,
+            job.flops,
+            max_retries=job.max_retries,
+            console=job.console,
+            isolate=bool(job.option("isolate")) or local.isolate,
+            gpus=job.option("gpus", local.gpus),
+            nproc_per_run=job.option("nproc_per_run") or local.nproc_per_run,
+            progress=job.progress,
+            slots=job.option("slots") or local.slots,
+        )
         counts = ", ".join(f"{len(v)} {k}" for k, v in summary.outcomes.items())
-        job.console.print(f"sweep {job.name}: {counts or 'nothing to do'} in {duration(summary.wall_s)}; "
-                          f"`loopscale sweep collect {store.root}` writes the runs table", highlight=False)
+        job.console.print(
+            f"sweep {job.name}: {counts or 'nothing to do'} in {duration(summary.wall_s)}; "
+            f"`loopscale sweep collect {store.root}` writes the runs table",
+            highlight=False,
+        )
         failed = summary.outcomes.get("failed", []) + summary.outcomes.get("gave-up", [])
         failed += [rid for rid in summary.outcomes.get("skipped", []) if store.state(rid).status == "failed"]
         busy = summary.outcomes.get("busy", [])
@@ -215,15 +242,27 @@ class LocalExecutor(Executor):
             job.console.print(busy_message(store, busy), highlight=False, markup=False)
         if failed:
             more = ", ..." if len(failed) > 3 else ""
-            raise SweepIncomplete(f"{len(failed)} run(s) failed ({', '.join(failed[:3])}{more}); errors in "
-                                  f"`loopscale sweep status {store.root}`; `--retry-failed` runs them again")
+            raise SweepIncomplete(
+                f"{len(failed)} run(s) failed ({', '.join(failed[:3])}{more}); errors in "
+                f"`loopscale sweep status {store.root}`; `--retry-failed` runs them again"
+            )
         if busy:
             raise SweepBusy(busy_message(store, busy))
 
 
-def run_local(store: SweepStore, runs: list[RunSpec], flops: dict[str, float], *, max_retries: int,
-              console: Console, isolate: bool = False, gpus: list[int] | None = None, nproc_per_run: int = 1,
-              progress: bool = True, slots: int | None = None) -> Summary:
+def run_local(
+    store: SweepStore,
+    runs: list[RunSpec],
+    flops: dict[str, float],
+    *,
+    max_retries: int,
+    console: Console,
+    isolate: bool = False,
+    gpus: list[int] | None = None,
+    nproc_per_run: int = 1,
+    progress: bool = True,
+    slots: int | None = None,
+) -> Summary:
     """Run every runnable run of ``runs``; returns what happened to each.
 
     ``slots``: CPU runs trained at once (None: ``cpu_slots``' default, as many as the cores hold).
@@ -235,16 +274,26 @@ def run_local(store: SweepStore, runs: list[RunSpec], flops: dict[str, float], *
     summary = Summary()
     t0 = time.time()
     states = {rs.run_id: store.state(rs.run_id) for rs in runs}
-    finished = {rid for rid, st in states.items() if st.status in ("done", "diverged")
-                or (st.status == "failed" and (not st.retryable or st.failures > max_retries))}
+    finished = {
+        rid
+        for rid, st in states.items()
+        if st.status in ("done", "diverged")
+        or (st.status == "failed" and (not st.retryable or st.failures > max_retries))
+    }
     for rid in finished:
         summary.add("skipped", rid)
         if states[rid].status in ("done", "diverged"):
             tidy_finished_run(store, rid, states[rid])
     queue = collections.deque(rs.run_id for rs in runs if rs.run_id not in finished)
     steps = {rs.run_id: rs.config.total_steps() for rs in runs}
-    prog = SweepProgress(console, total_runs=len(runs), total_flops=sum(flops.values()), done_runs=len(finished),
-                         done_flops=sum(flops[r] for r in finished), enabled=progress)
+    prog = SweepProgress(
+        console,
+        total_runs=len(runs),
+        total_flops=sum(flops.values()),
+        done_runs=len(finished),
+        done_flops=sum(flops[r] for r in finished),
+        enabled=progress,
+    )
     with prog:
         if cpu:
             _run_slot_workers(store, queue, envs, summary, prog, flops, steps, max_retries)
@@ -256,8 +305,15 @@ def run_local(store: SweepStore, runs: list[RunSpec], flops: dict[str, float], *
     return summary
 
 
-def _run_in_process(store: SweepStore, queue: collections.deque, summary: Summary, prog: SweepProgress,
-                    flops: dict[str, float], steps: dict[str, int], max_retries: int) -> None:
+def _run_in_process(
+    store: SweepStore,
+    queue: collections.deque,
+    summary: Summary,
+    prog: SweepProgress,
+    flops: dict[str, float],
+    steps: dict[str, int],
+    max_retries: int,
+) -> None:
     with StopSignals(STOP, _stop_between_runs):
         while queue:
             rid = queue.popleft()
@@ -319,14 +375,24 @@ def busy_message(store: SweepStore, run_ids: list[str]) -> str:
         lock = store.state(rid).lock or {}
         held.append(f"{rid} ({lock.get('host', '?')} pid {lock.get('pid', '?')})" if lock else rid)
     more = ", ..." if len(held) > 3 else ""
-    return (f"{len(run_ids)} run(s) busy in another live process, not run here: {', '.join(held[:3])}{more}; "
-            f"rerun when it ends (`loopscale sweep status {store.root}`), or if that process is gone for good "
-            f"delete its lock ({store.run_dir(run_ids[0]) / 'lock.json'})")
+    return (
+        f"{len(run_ids)} run(s) busy in another live process, not run here: {', '.join(held[:3])}{more}; "
+        f"rerun when it ends (`loopscale sweep status {store.root}`), or if that process is gone for good "
+        f"delete its lock ({store.run_dir(run_ids[0]) / 'lock.json'})"
+    )
 
 
-def _run_subprocesses(store: SweepStore, queue: collections.deque, slots: list[dict[str, str]], summary: Summary,
-                      prog: SweepProgress, flops: dict[str, float], steps: dict[str, int], max_retries: int,
-                      nproc: int) -> None:
+def _run_subprocesses(
+    store: SweepStore,
+    queue: collections.deque,
+    slots: list[dict[str, str]],
+    summary: Summary,
+    prog: SweepProgress,
+    flops: dict[str, float],
+    steps: dict[str, int],
+    max_retries: int,
+    nproc: int,
+) -> None:
     active: dict[int, tuple[subprocess.Popen, str, Any]] = {}
 
     def forward(signum: int, first: bool) -> None:
@@ -347,8 +413,9 @@ def _run_subprocesses(store: SweepStore, queue: collections.deque, slots: list[d
                 cmd = tethered(_worker_cmd(store, rid, max_retries, nproc))
                 proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
                 active[i] = (proc, rid, log)
-                prog.start_run(rid, flops[rid], steps[rid], store.state(rid).step or 0,
-                               slot=i if len(slots) > 1 else None)
+                prog.start_run(
+                    rid, flops[rid], steps[rid], store.state(rid).step or 0, slot=i if len(slots) > 1 else None
+                )
             for i, (proc, rid, log) in list(active.items()):
                 step = last_step(store.run_dir(rid))
                 if step is not None:
@@ -363,8 +430,9 @@ def _run_subprocesses(store: SweepStore, queue: collections.deque, slots: list[d
     if stop.caught is not None:
         from loopscale.train import RunInterrupted
 
-        raise RunInterrupted("sweep stopped by signal; the running runs saved checkpoints; rerun to resume",
-                             stop.caught)
+        raise RunInterrupted(
+            "sweep stopped by signal; the running runs saved checkpoints; rerun to resume", stop.caught
+        )
 
 
 @dataclass
@@ -412,12 +480,21 @@ class _Slot:
 
 def _spawn_slot(store: SweepStore, env: dict[str, str], max_retries: int, log: Any) -> _Slot:
     cmd = tethered([sys.executable, "-m", "loopscale.sweep.slot_worker", str(store.root), str(max_retries)])
-    return _Slot(subprocess.Popen(cmd, env={**os.environ, **env}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=log))
+    return _Slot(
+        subprocess.Popen(cmd, env={**os.environ, **env}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
+    )
 
 
-def _run_slot_workers(store: SweepStore, queue: collections.deque, envs: list[dict[str, str]], summary: Summary,
-                      prog: SweepProgress, flops: dict[str, float], steps: dict[str, int], max_retries: int) -> None:
+def _run_slot_workers(
+    store: SweepStore,
+    queue: collections.deque,
+    envs: list[dict[str, str]],
+    summary: Summary,
+    prog: SweepProgress,
+    flops: dict[str, float],
+    steps: dict[str, int],
+    max_retries: int,
+) -> None:
     """CPU slots: one long-lived worker per slot (torch started once), each handed the next run when idle.
 
     A worker that dies mid-run (killed, out of memory) has its run recorded as a failure (``_outcome_after_worker``)
@@ -469,8 +546,9 @@ def _run_slot_workers(store: SweepStore, queue: collections.deque, envs: list[di
     if stop.caught is not None:
         from loopscale.train import RunInterrupted
 
-        raise RunInterrupted("sweep stopped by signal; the running runs saved checkpoints; rerun to resume",
-                             stop.caught)
+        raise RunInterrupted(
+            "sweep stopped by signal; the running runs saved checkpoints; rerun to resume", stop.caught
+        )
 
 
 def _close_slots(slots: dict[int, _Slot]) -> None:
@@ -500,8 +578,16 @@ def _next_runnable(store: SweepStore, queue: collections.deque, max_retries: int
     return None
 
 
-def _settle(store: SweepStore, rid: str, code: int, max_retries: int, interrupted: bool, prog: SweepProgress,
-            queue: collections.deque, summary: Summary) -> None:
+def _settle(
+    store: SweepStore,
+    rid: str,
+    code: int,
+    max_retries: int,
+    interrupted: bool,
+    prog: SweepProgress,
+    queue: collections.deque,
+    summary: Summary,
+) -> None:
     """A worker's run ended with ``code``: record its outcome, and queue it again when it is to be retried."""
     outcome = _outcome_after_worker(store, rid, code, max_retries, interrupted=interrupted)
     prog.end_run(rid, outcome, _message(store, rid, outcome))
@@ -532,6 +618,13 @@ def _outcome_after_worker(store: SweepStore, run_id: str, code: int, max_retries
     if log.exists():
         tail = log.read_bytes()[-2000:].decode("utf-8", "replace")
     att = store.attempts(run_id)
-    record_failure(store, store.load_run(run_id), att, f"worker exited with status {code} without a result",
-                    tail, retryable=True, wall_s=0.0)
+    record_failure(
+        store,
+        store.load_run(run_id),
+        att,
+        f"worker exited with status {code} without a result",
+        tail,
+        retryable=True,
+        wall_s=0.0,
+    )
     return "retry" if att["failures"] <= max_retries else "failed"

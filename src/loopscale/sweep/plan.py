@@ -44,12 +44,28 @@ class PlanRow:
 
     def as_dict(self) -> dict[str, Any]:
         rs = self.run
-        return {"run_id": rs.run_id, "variant": rs.variant, "seed": rs.seed, "C": rs.C, "r": rs.r,
-                "d_model": rs.d_model, "layout": rs.config.model.layout, "N_once": self.N_once, "N_rec": self.N_rec,
-                "flops_per_token": self.flops_per_token, "steps": self.steps, "tokens": self.tokens,
-                "flops": self.flops, "tokens_per_param": self.tokens_per_param, "est_s": self.est_s,
-                "est_kind": self.est_kind, "micro_batch": self.micro_batch, "val_micro_batch": self.val_micro_batch,
-                "peak_bytes": self.peak_bytes, "warnings": "; ".join(self.warnings)}
+        return {
+            "run_id": rs.run_id,
+            "variant": rs.variant,
+            "seed": rs.seed,
+            "C": rs.C,
+            "r": rs.r,
+            "d_model": rs.d_model,
+            "layout": rs.config.model.layout,
+            "N_once": self.N_once,
+            "N_rec": self.N_rec,
+            "flops_per_token": self.flops_per_token,
+            "steps": self.steps,
+            "tokens": self.tokens,
+            "flops": self.flops,
+            "tokens_per_param": self.tokens_per_param,
+            "est_s": self.est_s,
+            "est_kind": self.est_kind,
+            "micro_batch": self.micro_batch,
+            "val_micro_batch": self.val_micro_batch,
+            "peak_bytes": self.peak_bytes,
+            "warnings": "; ".join(self.warnings),
+        }
 
 
 @dataclass
@@ -106,11 +122,13 @@ def plan_row(rs: RunSpec, spec: SweepSpec) -> PlanRow:
     row = PlanRow(rs, n_once, n_rec, f, steps, tokens, tokens * f, tokens / (n_once + n_rec))
     ck = spec.checks
     if steps < cfg.run.min_steps:
-        row.warnings.append(f"refused: {steps} steps < run.min_steps={cfg.run.min_steps} (raise C or lower "
-                            "run.batch_size)")
+        row.warnings.append(
+            f"refused: {steps} steps < run.min_steps={cfg.run.min_steps} (raise C or lower run.batch_size)"
+        )
     elif steps and abs(row.flops - rs.C) / rs.C > ck.budget_tolerance:
-        row.warnings.append(f"budget: {steps} whole steps give {row.flops:.3g} FLOPs, "
-                            f"{100 * (row.flops / rs.C - 1):+.0f}% off C")
+        row.warnings.append(
+            f"budget: {steps} whole steps give {row.flops:.3g} FLOPs, {100 * (row.flops / rs.C - 1):+.0f}% off C"
+        )
     if row.tokens_per_param < ck.min_tokens_per_param:
         row.warnings.append(f"tokens/param {row.tokens_per_param:.2g} < {ck.min_tokens_per_param:g} (too short)")
     elif row.tokens_per_param > ck.max_tokens_per_param:
@@ -130,21 +148,41 @@ def plan_memory(row: PlanRow, device_memory: float) -> None:
     limit = memory.usable_memory(device_memory, device)
     auto = cfg.run.micro_batch == "auto"
     mb = memory.micro_batches(cfg, device=device, limit=limit)
-    best = mb if auto else memory.micro_batches(cfg.model_copy(update={"run": cfg.run.model_copy(
-        update={"micro_batch": "auto"})}), device=device, limit=limit)
+    best = (
+        mb
+        if auto
+        else memory.micro_batches(
+            cfg.model_copy(update={"run": cfg.run.model_copy(update={"micro_batch": "auto"})}),
+            device=device,
+            limit=limit,
+        )
+    )
     row.micro_batch, row.val_micro_batch, row.peak_bytes = mb.train, mb.val, mb.train_peak
     usable = f"{memory.fmt_bytes(limit)} usable of {memory.fmt_bytes(device_memory)}"
     if best.train is None:
-        row.warnings.insert(0, f"refused: one row of {cfg.model.seq_len} tokens needs "
-                               f"{memory.fmt_bytes(best.train_peak)} > {usable} (loopscale.memory)")
+        row.warnings.insert(
+            0,
+            f"refused: one row of {cfg.model.seq_len} tokens needs "
+            f"{memory.fmt_bytes(best.train_peak)} > {usable} (loopscale.memory)",
+        )
     elif mb.train_peak > limit:
-        row.warnings.append(f"memory: {memory.fmt_bytes(mb.train_peak)} predicted at micro_batch={mb.train} > "
-                            f"{usable}; set run.micro_batch = \"auto\" ({best.train} rows)")
+        row.warnings.append(
+            f"memory: {memory.fmt_bytes(mb.train_peak)} predicted at micro_batch={mb.train} > "
+            f'{usable}; set run.micro_batch = "auto" ({best.train} rows)'
+        )
 
 
-def make_plan(spec: SweepSpec, *, variants: list[str] | None = None, calibration: Calibration | None = None,
-              flops_per_s: float | None = None, calibrate_s: float = 60.0, log: Any = None,
-              device_memory: float | None = None, slots: int | None = None) -> Plan:
+def make_plan(
+    spec: SweepSpec,
+    *,
+    variants: list[str] | None = None,
+    calibration: Calibration | None = None,
+    flops_per_s: float | None = None,
+    calibrate_s: float = 60.0,
+    log: Any = None,
+    device_memory: float | None = None,
+    slots: int | None = None,
+) -> Plan:
     """Plan every run; estimate times from ``flops_per_s`` if given, else from a (cached) calibration.
 
     ``device_memory`` (bytes of each run's GPU): also each run's micro-batch and predicted peak memory.
@@ -163,20 +201,24 @@ def make_plan(spec: SweepSpec, *, variants: list[str] | None = None, calibration
     if device_memory:
         for row in rows:
             plan_memory(row, device_memory)
-        mem_note = (f"{memory.fmt_bytes(device_memory)} per GPU, "
-                    f"{memory.fmt_bytes(memory.usable_memory(device_memory))} usable (less 10 % and 1 GiB); "
-                    "peak and micro-batch of one process per run, predicted by loopscale.memory")
+        mem_note = (
+            f"{memory.fmt_bytes(device_memory)} per GPU, "
+            f"{memory.fmt_bytes(memory.usable_memory(device_memory))} usable (less 10 % and 1 GiB); "
+            "peak and micro-batch of one process per run, predicted by loopscale.memory"
+        )
     note = ""
     timings: list[Timing | None] = [None] * len(rows)
     if flops_per_s:
         timings = [assumed_timing(r.run.config, flops_per_s) for r in rows]
         note = f"estimates assume {flops_per_s:.3g} FLOP/s per run"
     elif calibration is not None:
-        measured, total = calibration.ensure([r.run.config for r in rows if not r.refused], budget_s=calibrate_s,
-                                             log=log)
+        measured, total = calibration.ensure(
+            [r.run.config for r in rows if not r.refused], budget_s=calibrate_s, log=log
+        )
         timings = [calibration.timing(r.run.config) if measured else None for r in rows]
-        note = calibration.note or (f"estimates from {measured} of {total} model shapes timed on this machine "
-                                    f"({calibration.hardware})")
+        note = calibration.note or (
+            f"estimates from {measured} of {total} model shapes timed on this machine ({calibration.hardware})"
+        )
         if 0 < measured < total:
             note += "; the rest extrapolated from the nearest shape's FLOP/s"
     for row, t in zip(rows, timings, strict=True):
@@ -186,6 +228,5 @@ def make_plan(spec: SweepSpec, *, variants: list[str] | None = None, calibration
         row.est_s = t.run_seconds(row.run.config, row.steps)
         row.est_kind = "assumed" if flops_per_s else ("measured" if t.measured else "extrapolated")
         if spec.checks.max_run_hours and row.est_s > 3600 * spec.checks.max_run_hours:
-            row.warnings.append(f"long: ~{row.est_s / 3600:.1f} h > checks.max_run_hours="
-                                f"{spec.checks.max_run_hours:g}")
+            row.warnings.append(f"long: ~{row.est_s / 3600:.1f} h > checks.max_run_hours={spec.checks.max_run_hours:g}")
     return Plan(spec, rows, note, mem_note, n_slots)

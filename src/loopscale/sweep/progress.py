@@ -17,19 +17,37 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 
 
 class SweepProgress:
-    def __init__(self, console: Console, *, total_runs: int, total_flops: float, done_runs: int = 0,
-                 done_flops: float = 0.0, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        console: Console,
+        *,
+        total_runs: int,
+        total_flops: float,
+        done_runs: int = 0,
+        done_flops: float = 0.0,
+        enabled: bool = True,
+    ) -> None:
         self.console = console
         self.total_runs, self.total_flops = total_runs, max(total_flops, 1.0)
         self.done_runs = done_runs
         self._done = done_flops
-        self._p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
-                           TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=True,
-                           disable=not enabled)
+        self._p = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+            disable=not enabled,
+        )
         # rich annotates add_task's ``completed`` as int; the task keeps it as a float (as update() takes it)
-        self._overall = self._p.add_task("sweep", total=self.total_flops,
-                                         completed=done_flops,  # type: ignore[arg-type]
-                                         info=self._info())
+        self._overall = self._p.add_task(
+            "sweep",
+            total=self.total_flops,
+            completed=done_flops,  # type: ignore[arg-type]
+            info=self._info(),
+        )
         # run_id -> (bar, planned FLOPs, total steps, FLOPs credited so far)
         self._runs: dict[str, tuple[TaskID, float, int, float]] = {}
 
@@ -47,8 +65,9 @@ class SweepProgress:
         self._done += flops
         self._p.update(self._overall, completed=self._done, info=self._info())
 
-    def start_run(self, run_id: str, flops: float, total_steps: int, start_step: int = 0,
-                  slot: int | None = None) -> None:
+    def start_run(
+        self, run_id: str, flops: float, total_steps: int, start_step: int = 0, slot: int | None = None
+    ) -> None:
         """A bar for a run; ``flops`` is its planned total, ``start_step`` where a resume starts, ``slot`` the
         parallel slot (0-based) that trains it, if any."""
         label = escape(run_id) if slot is None else f"slot {slot + 1}  {escape(run_id)}"

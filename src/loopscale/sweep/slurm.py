@@ -71,8 +71,11 @@ class SlurmSettings(StrictModel):
     gpus_per_run: int | Literal["auto"] = Field(1, description="GPUs (DDP ranks) per run; 0 = CPU-only")
     max_gpus_per_run: int = Field(8, gt=0, description="'auto' never asks for more (one node)")
     target_hours: float = Field(12.0, gt=0, description="'auto': fewest GPUs finishing within this")
-    flops_per_gpu: float = Field(3e14, gt=0, description="assumed achieved training FLOP/s per GPU (or per run "
-                                 "when gpus_per_run = 0) for time limits")
+    flops_per_gpu: float = Field(
+        3e14,
+        gt=0,
+        description="assumed achieved training FLOP/s per GPU (or per run when gpus_per_run = 0) for time limits",
+    )
     time_margin: float = Field(1.5, ge=1, description="time limit = estimate x margin + 10 min")
     min_time_min: int = Field(15, gt=0)
     max_time_min: int = Field(1440, gt=0, description="cluster limit; longer runs are requeued and resume")
@@ -99,8 +102,9 @@ class SlurmSettings(StrictModel):
     def _one_line_flags(cls, v: dict[str, Any]) -> dict[str, Any]:
         for key, val in v.items():
             if any(_breaks_line(text) for text in (key, *_strings(val))):
-                raise ValueError(f"{key!r} must be one line (no newline or other control character): it becomes "
-                                 "an #SBATCH line")
+                raise ValueError(
+                    f"{key!r} must be one line (no newline or other control character): it becomes an #SBATCH line"
+                )
         return v
 
 
@@ -139,8 +143,13 @@ def resources(flops: float, s: SlurmSettings, flops_per_s: float | None = None) 
     time_min = max(s.min_time_min, min(time_min, s.max_time_min))
     mem = s.mem_gb_per_gpu * gpus if gpus else s.mem_gb_per_run
     cpus = s.cpus_per_gpu if gpus else s.cpus_per_run
-    return {"gpus": gpus, "time_min": int(time_min), "mem_gb": float(mem), "cpus_per_task": int(cpus),
-            "est_min": est_min}
+    return {
+        "gpus": gpus,
+        "time_min": int(time_min),
+        "mem_gb": float(mem),
+        "cpus_per_task": int(cpus),
+        "est_min": est_min,
+    }
 
 
 def run_speeds(store: SweepStore, runs: list[RunSpec], s: SlurmSettings) -> dict[str, tuple[float, str]]:
@@ -218,8 +227,14 @@ class SweepTask(submitit.helpers.Checkpointable):
         with StopSignals((usr,)) as warning:  # a USR2 between runs (the trainer takes it itself inside one)
             try:
                 while True:
-                    outcome = execute_run(store, run_id, max_retries=self.max_retries, on_step=on_step,
-                                          executor="slurm", job_id=str(env.job_id))
+                    outcome = execute_run(
+                        store,
+                        run_id,
+                        max_retries=self.max_retries,
+                        on_step=on_step,
+                        executor="slurm",
+                        job_id=str(env.job_id),
+                    )
                     if outcome != "retry":
                         return outcome
             except RunInterrupted as exc:
@@ -228,6 +243,7 @@ class SweepTask(submitit.helpers.Checkpointable):
                     requeue(usr, None)  # calls self.checkpoint(run_id), requeues this task, exits
                 raise
 
+
 def _alive_jobs(job_ids: list[str]) -> set[str] | None:
     """Job ids (array tasks as 123_4) that squeue still lists; None when squeue is not available."""
     if not job_ids:
@@ -235,8 +251,12 @@ def _alive_jobs(job_ids: list[str]) -> set[str] | None:
     if shutil.which("squeue") is None:
         return None
     try:
-        out = subprocess.run(["squeue", "--noheader", "--array", "--format=%i", f"--jobs={','.join(job_ids)}"],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            ["squeue", "--noheader", "--array", "--format=%i", f"--jobs={','.join(job_ids)}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return {line.strip() for line in out.stdout.splitlines() if line.strip()}
@@ -245,8 +265,9 @@ def _alive_jobs(job_ids: list[str]) -> set[str] | None:
 def make_executor(folder: Path, cluster: str, s: SlurmSettings) -> Any:
     if cluster == "slurm":
         if shutil.which("sbatch") is None:
-            raise ConfigError("--executor", "slurm: no `sbatch` on PATH (run this on the cluster's login node)",
-                              value="slurm")
+            raise ConfigError(
+                "--executor", "slurm: no `sbatch` on PATH (run this on the cluster's login node)", value="slurm"
+            )
         return submitit.SlurmExecutor(folder=folder, max_num_timeout=s.max_requeues)
     if cluster == "local":
         return submitit.LocalExecutor(folder=folder, max_num_timeout=s.max_requeues)
@@ -259,9 +280,15 @@ def _parameters(cluster: str, res: dict[str, Any], s: SlurmSettings) -> dict[str
     gpus = res["gpus"]
     if cluster == "slurm":
         p: dict[str, Any] = {
-            "job_name": s.job_name, "time": res["time_min"], "nodes": 1, "ntasks_per_node": max(gpus, 1),
-            "cpus_per_task": res["cpus_per_task"], "mem": f"{math.ceil(res['mem_gb'])}GB",
-            "array_parallelism": s.array_parallelism, "signal_delay_s": s.signal_delay_s, "setup": list(s.setup),
+            "job_name": s.job_name,
+            "time": res["time_min"],
+            "nodes": 1,
+            "ntasks_per_node": max(gpus, 1),
+            "cpus_per_task": res["cpus_per_task"],
+            "mem": f"{math.ceil(res['mem_gb'])}GB",
+            "array_parallelism": s.array_parallelism,
+            "signal_delay_s": s.signal_delay_s,
+            "setup": list(s.setup),
         }
         if gpus:
             p["gpus_per_node"] = gpus
@@ -272,14 +299,27 @@ def _parameters(cluster: str, res: dict[str, Any], s: SlurmSettings) -> dict[str
             p["additional_parameters"] = dict(s.additional)
         return p
     if cluster == "local":
-        return {"timeout_min": res["time_min"], "gpus_per_node": gpus, "tasks_per_node": max(gpus, 1),
-                "signal_delay_s": s.signal_delay_s}
+        return {
+            "timeout_min": res["time_min"],
+            "gpus_per_node": gpus,
+            "tasks_per_node": max(gpus, 1),
+            "signal_delay_s": s.signal_delay_s,
+        }
     return {}
 
 
-def submit(store: SweepStore, runs: list[RunSpec], flops: dict[str, float], s: SlurmSettings, *,
-           max_retries: int, cluster: str = "slurm", resubmit_queued: bool = False,
-           parameters: dict[str, Any] | None = None, log: Any = None) -> list[dict[str, Any]]:
+def submit(
+    store: SweepStore,
+    runs: list[RunSpec],
+    flops: dict[str, float],
+    s: SlurmSettings,
+    *,
+    max_retries: int,
+    cluster: str = "slurm",
+    resubmit_queued: bool = False,
+    parameters: dict[str, Any] | None = None,
+    log: Any = None,
+) -> list[dict[str, Any]]:
     """Submit every runnable run as array tasks grouped by resources. Returns one record per array.
 
     Runs already finished, running, failed for good, or queued in a job that squeue still lists are
@@ -298,8 +338,10 @@ def submit(store: SweepStore, runs: list[RunSpec], flops: dict[str, float], s: S
             jid = queued_ids[rs.run_id]
             if alive is None and not resubmit_queued:
                 if log:
-                    log(f"{rs.run_id}: queued as job {jid}; squeue unavailable, not resubmitted "
-                        "(--resubmit-queued to force)")
+                    log(
+                        f"{rs.run_id}: queued as job {jid}; squeue unavailable, not resubmitted "
+                        "(--resubmit-queued to force)"
+                    )
                 continue
             if alive is not None and jid in alive:
                 continue
@@ -309,10 +351,13 @@ def submit(store: SweepStore, runs: list[RunSpec], flops: dict[str, float], s: S
     speeds = run_speeds(store, todo, s)
     if log and todo:
         sources = [speeds[rs.run_id][1] if rs.run_id in speeds else "assumed" for rs in todo]
-        counts = ", ".join(f"{sources.count(k)} {k}" for k in ("finished", "calibration", "assumed")
-                           if sources.count(k))
-        log(f"time limits from FLOP/s per GPU measured by finished runs / the calibration, else assumed "
-            f"({s.flops_per_gpu:.3g}): {counts}")
+        counts = ", ".join(
+            f"{sources.count(k)} {k}" for k in ("finished", "calibration", "assumed") if sources.count(k)
+        )
+        log(
+            f"time limits from FLOP/s per GPU measured by finished runs / the calibration, else assumed "
+            f"({s.flops_per_gpu:.3g}): {counts}"
+        )
     for rs in todo:
         res = resources(flops[rs.run_id], s, speeds.get(rs.run_id, (None, ""))[0])
         res_of[rs.run_id] = res
@@ -330,14 +375,24 @@ def submit(store: SweepStore, runs: list[RunSpec], flops: dict[str, float], s: S
         jobs = ex.map_array(task, ids)
         for rid, job in zip(ids, jobs, strict=True):
             store.mark_queued(rid, str(job.job_id))
-        rec = {"cluster": cluster, "gpus": key[0], "time_min": key[1], "mem_gb": key[2], "cpus_per_task": key[3],
-               "runs": ids, "job_ids": [str(j.job_id) for j in jobs], "jobs": jobs}
+        rec = {
+            "cluster": cluster,
+            "gpus": key[0],
+            "time_min": key[1],
+            "mem_gb": key[2],
+            "cpus_per_task": key[3],
+            "runs": ids,
+            "job_ids": [str(j.job_id) for j in jobs],
+            "jobs": jobs,
+        }
         (store.root / "slurm").mkdir(parents=True, exist_ok=True)
         append_jsonl(store.root / "slurm" / "submissions.jsonl", {k: v for k, v in rec.items() if k != "jobs"})
         records.append(rec)
         if log:
-            log(f"submitted {len(ids)} run(s) as array {str(jobs[0].job_id).split('_')[0]}: {key[0]} GPU(s), "
-                f"{key[1]} min, {key[2]:g} GB")
+            log(
+                f"submitted {len(ids)} run(s) as array {str(jobs[0].job_id).split('_')[0]}: {key[0]} GPU(s), "
+                f"{key[1]} min, {key[2]:g} GB"
+            )
     return records
 
 
@@ -355,14 +410,23 @@ class SlurmExecutor(Executor):
         s: SlurmSettings = self.settings(job.table, job.source)
         cluster = job.option("cluster", "slurm")
         try:
-            recs = submit(job.store, job.runs, job.flops, s, max_retries=job.max_retries, cluster=cluster,
-                          resubmit_queued=bool(job.option("resubmit_queued")),
-                          log=lambda m: job.console.print(m, highlight=False))
+            recs = submit(
+                job.store,
+                job.runs,
+                job.flops,
+                s,
+                max_retries=job.max_retries,
+                cluster=cluster,
+                resubmit_queued=bool(job.option("resubmit_queued")),
+                log=lambda m: job.console.print(m, highlight=False),
+            )
         except LoopscaleError:
             raise
         except Exception as exc:  # sbatch refused, submitit failed: one line, the runs stay unsubmitted
-            raise SubmitFailed(f"slurm: submission failed ({type(exc).__name__}: {_first_lines(exc)}); runs "
-                               f"submitted before it are queued; fix the cause and rerun to submit the rest") from None
+            raise SubmitFailed(
+                f"slurm: submission failed ({type(exc).__name__}: {_first_lines(exc)}); runs "
+                f"submitted before it are queued; fix the cause and rerun to submit the rest"
+            ) from None
         if not recs:
             job.console.print("nothing to submit: every run is finished, running or queued", highlight=False)
         if cluster == "debug":  # runs in this process, one after another
@@ -373,8 +437,10 @@ class SlurmExecutor(Executor):
 
     def plan_note(self, settings: Any, total_flops: float) -> str | None:
         """The sweep's GPU-hours at the assumed FLOP/s per GPU."""
-        return (f"[bold]SLURM:[/] ~{total_flops / settings.flops_per_gpu / 3600:.0f} GPU-hours at "
-                f"{settings.flops_per_gpu:.3g} FLOP/s per GPU (\\[slurm] flops_per_gpu)")
+        return (
+            f"[bold]SLURM:[/] ~{total_flops / settings.flops_per_gpu / 3600:.0f} GPU-hours at "
+            f"{settings.flops_per_gpu:.3g} FLOP/s per GPU (\\[slurm] flops_per_gpu)"
+        )
 
 
 def _first_lines(exc: Exception, limit: int = 300) -> str:

@@ -63,8 +63,10 @@ class SweepTable(StrictModel):
     seed_data: bool = Field(False, description="seeds also set data.seed (a different data order per seed)")
     max_retries: int = Field(2, ge=0, description="retries of a failed run before it is left failed")
     widths: dict[str, Any] = Field(..., description="explicit widths per budget, or a rule")
-    r1_model: dict[str, Any] = Field(default_factory=dict, description="[train.model] overrides of every "
-                                     "r = 1 run (e.g. the paper's 0+20+0 loop of one)")
+    r1_model: dict[str, Any] = Field(
+        default_factory=dict,
+        description="[train.model] overrides of every r = 1 run (e.g. the paper's 0+20+0 loop of one)",
+    )
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
     checks: Checks = Field(default_factory=Checks)
 
@@ -123,14 +125,28 @@ class RunSpec:
 
     def meta(self) -> dict[str, Any]:
         """What ``runs/<run_id>/sweep.json`` holds: the grid coordinates and the exact config."""
-        return {"run_id": self.run_id, "variant": self.variant, "seed": self.seed, "C": self.C, "r": self.r,
-                "d_model": self.d_model, "config": self.config.model_dump(mode="json")}
+        return {
+            "run_id": self.run_id,
+            "variant": self.variant,
+            "seed": self.seed,
+            "C": self.C,
+            "r": self.r,
+            "d_model": self.d_model,
+            "config": self.config.model_dump(mode="json"),
+        }
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any], source: str = "sweep.json") -> RunSpec:
         cfg = validate(TrainConfig, meta["config"], source=source)
-        return cls(meta["run_id"], meta["variant"], int(meta["seed"]), float(meta["C"]), int(meta["r"]),
-                   int(meta["d_model"]), cfg)
+        return cls(
+            meta["run_id"],
+            meta["variant"],
+            int(meta["seed"]),
+            float(meta["C"]),
+            int(meta["r"]),
+            int(meta["d_model"]),
+            cfg,
+        )
 
 
 @dataclass
@@ -176,19 +192,20 @@ class SweepSpec:
         if seeds:
             unknown_seeds = [s for s in seeds if s not in self.seeds]
             if unknown_seeds:
-                raise ConfigError("--seed", f"not in sweep.seeds = {self.seeds}", value=unknown_seeds[0],
-                                  source=self.source)
+                raise ConfigError(
+                    "--seed", f"not in sweep.seeds = {self.seeds}", value=unknown_seeds[0], source=self.source
+                )
             runs = [rs for rs in runs if rs.seed in seeds]
         if not variants:
             return runs
         unknown = [v for v in variants if v not in self.variant_names]
         if unknown:
-            raise ConfigError("--variant", f"not in the spec; it has {self.variant_names}", value=unknown[0],
-                              source=self.source)
+            raise ConfigError(
+                "--variant", f"not in the spec; it has {self.variant_names}", value=unknown[0], source=self.source
+            )
         keep = set(variants)
         share_r1 = any(v == BASELINE or self.variants[v].r1 == "shared" for v in keep)
-        return [rs for rs in runs
-                if rs.variant in keep or (share_r1 and rs.r == 1 and rs.variant == BASELINE)]
+        return [rs for rs in runs if rs.variant in keep or (share_r1 and rs.r == 1 and rs.variant == BASELINE)]
 
     def resolved_text(self) -> str:
         """The spec as run: widths written out explicitly (a rule is resolved), executors kept."""
@@ -258,8 +275,7 @@ def spec_from_dict(data: dict[str, Any], *, source: str = "spec", base_dir: Path
     known = ["sweep", "train", *executor.names(), "fit"]
     unknown = sorted(set(data) - set(known))
     if unknown:
-        raise ConfigError(unknown[0], f"unknown table; expected {', '.join(f'[{t}]' for t in known)}",
-                          source=source)
+        raise ConfigError(unknown[0], f"unknown table; expected {', '.join(f'[{t}]' for t in known)}", source=source)
     if "sweep" not in data:
         raise ConfigError("sweep", "missing table [sweep] (name, budgets, r, widths)", source=source)
     raw_sweep = data["sweep"]
@@ -277,8 +293,9 @@ def spec_from_dict(data: dict[str, Any], *, source: str = "spec", base_dir: Path
 
     train = data.get("train") or {}
     if not isinstance(train, dict):
-        raise ConfigError("train", "expected a table with [train.model] [train.data] [train.optim] [train.run]",
-                          source=source)
+        raise ConfigError(
+            "train", "expected a table with [train.model] [train.data] [train.optim] [train.run]", source=source
+        )
     for tab in train:
         if tab not in ("model", "data", "optim", "run"):
             raise ConfigError(f"train.{tab}", "unknown table; expected model, data, optim, run", source=source)
@@ -288,11 +305,11 @@ def spec_from_dict(data: dict[str, Any], *, source: str = "spec", base_dir: Path
     for name, vdata in table.variants.items():
         where = f"sweep.variants.{name}"
         if name == BASELINE:
-            raise ConfigError(where, "'baseline' is the implicit recipe ([train]); give the variant another name",
-                              source=source)
+            raise ConfigError(
+                where, "'baseline' is the implicit recipe ([train]); give the variant another name", source=source
+            )
         if not _NAME.match(name):
-            raise ConfigError(where, "variant names use letters, digits, '_', '-' or '.'", value=name,
-                              source=source)
+            raise ConfigError(where, "variant names use letters, digits, '_', '-' or '.'", value=name, source=source)
         if not isinstance(vdata, dict):
             raise ConfigError(where, "expected a table", source=source)
         v: Variant = validate(Variant, vdata, source=source, prefix=where)
@@ -321,17 +338,33 @@ def spec_from_dict(data: dict[str, Any], *, source: str = "spec", base_dir: Path
     rest = base_model.L_eff - base_model.n_prelude - base_model.n_coda
     for r in table.r:
         if rest % r:
-            raise ConfigError("sweep.r", f"must divide the recurrent depth L_eff - n_prelude - n_coda = {rest}",
-                              value=r, source=source)
+            raise ConfigError(
+                "sweep.r",
+                f"must divide the recurrent depth L_eff - n_prelude - n_coda = {rest}",
+                value=r,
+                source=source,
+            )
 
     executor.check_tables(data, source)  # typos fail at load, not at submit
     raw = copy.deepcopy(data)
     spec = SweepSpec(
-        name=table.name, source=source, budgets=list(table.budgets), r=list(table.r), seeds=list(table.seeds),
-        seed_data=table.seed_data, max_retries=table.max_retries, checks=table.checks, widths=widths,
-        width_unit=unit, width_rule=rule, variants=variants, train=train, variant_widths=variant_widths,
+        name=table.name,
+        source=source,
+        budgets=list(table.budgets),
+        r=list(table.r),
+        seeds=list(table.seeds),
+        seed_data=table.seed_data,
+        max_retries=table.max_retries,
+        checks=table.checks,
+        widths=widths,
+        width_unit=unit,
+        width_rule=rule,
+        variants=variants,
+        train=train,
+        variant_widths=variant_widths,
         r1_model=dict(table.r1_model),
-        executors={k: dict(data.get(k) or {}) for k in executor.names()}, raw=raw,
+        executors={k: dict(data.get(k) or {}) for k in executor.names()},
+        raw=raw,
         fit=validate(FitTable, data.get("fit") or {}, source=source, prefix="fit"),
     )
     spec.runs()  # build every config now: errors surface at load time, naming the run
@@ -358,8 +391,12 @@ def _forbid_sweep_keys(tables: dict[str, Any], prefix: str, source: str) -> None
         for k in keys:
             if k in sub:
                 what = {"r": "sweep.r", "d_model": "sweep.widths", "s": "sweep.widths", "seed": "sweep.seeds"}
-                raise ConfigError(f"{prefix}.{tab}.{k}", f"is set by the sweep (from {what.get(k, 'sweep.budgets')}); "
-                                  "remove it", value=sub[k], source=source)
+                raise ConfigError(
+                    f"{prefix}.{tab}.{k}",
+                    f"is set by the sweep (from {what.get(k, 'sweep.budgets')}); remove it",
+                    value=sub[k],
+                    source=source,
+                )
 
 
 def _check_r1_model(table: SweepTable, train: dict[str, Any], source: str) -> None:
@@ -370,8 +407,12 @@ def _check_r1_model(table: SweepTable, train: dict[str, Any], source: str) -> No
         raise ConfigError("sweep.r1_model", f"sweep.r = {table.r} has no r = 1 runs to apply it to", source=source)
     for k in _SET_BY_SWEEP["model"]:
         if k in table.r1_model:
-            raise ConfigError(f"sweep.r1_model.{k}", "is set by the sweep (from sweep.r or sweep.widths); remove it",
-                              value=table.r1_model[k], source=source)
+            raise ConfigError(
+                f"sweep.r1_model.{k}",
+                "is set by the sweep (from sweep.r or sweep.widths); remove it",
+                value=table.r1_model[k],
+                source=source,
+            )
     model = {**(train.get("model") or {}), **table.r1_model}
     model = _resolve_half({**model, "r": 1, "d_model": model.get("head_dim", 128)}, 1)
     validate(ModelConfig, model, source=source, prefix="sweep.r1_model")
@@ -385,9 +426,15 @@ def _base_model(train: dict[str, Any], source: str) -> ModelConfig:
     head = model.get("head_dim", DEFAULT_MODEL["head_dim"])
     width = head if isinstance(head, int) and head > 0 else 64
     try:
-        probe = train_config_from_dict({"model": {**model, "d_model": width, "r": 1},
-                                        "data": train.get("data") or {}, "optim": train.get("optim") or {},
-                                        "run": {**(train.get("run") or {}), "steps": 1}}, source)
+        probe = train_config_from_dict(
+            {
+                "model": {**model, "d_model": width, "r": 1},
+                "data": train.get("data") or {},
+                "optim": train.get("optim") or {},
+                "run": {**(train.get("run") or {}), "steps": 1},
+            },
+            source,
+        )
     except ConfigError as err:
         raise ConfigError(f"train.{err.field}", err.message, value=err.value, source=source) from None
     return probe.model
@@ -398,20 +445,22 @@ def _parse_budget_key(key: str, budgets: list[float], source: str, where: str = 
     try:
         c = float(key)
     except ValueError:
-        raise ConfigError(f"{where}.{key}", "keys are budgets written as numbers, e.g. \"1e12\"",
-                          source=source) from None
+        raise ConfigError(f"{where}.{key}", 'keys are budgets written as numbers, e.g. "1e12"', source=source) from None
     for b in budgets:
         if math.isclose(b, c, rel_tol=1e-9):
             return b
-    raise ConfigError(f"{where}.{key}", f"not one of sweep.budgets {[budget_label(b) for b in budgets]}",
-                      source=source)
+    raise ConfigError(f"{where}.{key}", f"not one of sweep.budgets {[budget_label(b) for b in budgets]}", source=source)
 
 
 def _check_heads(ds: list[int], head_dim: int, where: str, unit: str, source: str) -> None:
     for d in ds:
         if d % head_dim:
-            raise ConfigError(where, f"width d_model={d} does not divide into heads of head_dim={head_dim}",
-                              value=d if unit == "d_model" else d // 64, source=source)
+            raise ConfigError(
+                where,
+                f"width d_model={d} does not divide into heads of head_dim={head_dim}",
+                value=d if unit == "d_model" else d // 64,
+                source=source,
+            )
 
 
 def _width_list(values: Any, where: str, unit: str, source: str) -> list[int]:
@@ -430,8 +479,9 @@ def _width_list(values: Any, where: str, unit: str, source: str) -> list[int]:
     return [v * scale for v in out]
 
 
-def _resolve_widths(table: SweepTable, base: ModelConfig, source: str,
-                    base_dir: Path | None) -> tuple[dict[tuple[float, int], list[int]], str, dict | None]:
+def _resolve_widths(
+    table: SweepTable, base: ModelConfig, source: str, base_dir: Path | None
+) -> tuple[dict[tuple[float, int], list[int]], str, dict | None]:
     w = dict(table.widths)
     if "rule" in w:
         rule: WidthRule = validate(WidthRule, w, source=source, prefix="sweep.widths")
@@ -450,8 +500,7 @@ def _resolve_widths(table: SweepTable, base: ModelConfig, source: str,
                 raise ConfigError(f"{where}.{bad[0]}", f"expected keys {sorted(keys)} (one list per r)", source=source)
             for r in table.r:
                 if f"r{r}" not in values:
-                    raise ConfigError(f"{where}.r{r}", "missing: a per-r table needs every r of sweep.r",
-                                      source=source)
+                    raise ConfigError(f"{where}.r{r}", "missing: a per-r table needs every r of sweep.r", source=source)
                 out[(c, r)] = _width_list(values[f"r{r}"], f"{where}.r{r}", unit, source)
         else:
             ds = _width_list(values, where, unit, source)
@@ -459,13 +508,24 @@ def _resolve_widths(table: SweepTable, base: ModelConfig, source: str,
                 out[(c, r)] = ds
     for c in table.budgets:
         if (c, table.r[0]) not in out:
-            raise ConfigError(f"sweep.widths.{budget_label(c)}", "missing: every budget needs its widths "
-                              "(or use rule = \"around_optimum\")", source=source)
+            raise ConfigError(
+                f"sweep.widths.{budget_label(c)}",
+                'missing: every budget needs its widths (or use rule = "around_optimum")',
+                source=source,
+            )
     return out, unit, None
 
 
-def _variant_widths(where: str, v: Variant, table: SweepTable, base: dict[tuple[float, int], list[int]],
-                    unit: str, ruled: bool, head_dim: int, source: str) -> dict[tuple[float, int], list[int]]:
+def _variant_widths(
+    where: str,
+    v: Variant,
+    table: SweepTable,
+    base: dict[tuple[float, int], list[int]],
+    unit: str,
+    ruled: bool,
+    head_dim: int,
+    source: str,
+) -> dict[tuple[float, int], list[int]]:
     """A variant's own widths: the sweep's, with ``widths`` replacing and ``widths_add`` extending budgets.
 
     Under a width rule an added width the rule already chose is kept once (the rule's choice is not
@@ -479,21 +539,28 @@ def _variant_widths(where: str, v: Variant, table: SweepTable, base: dict[tuple[
     key_of = {_parse_budget_key(k, table.budgets, source): k for k in v.widths_add}  # errors name the key as written
     both = [c for c in table.budgets if any(b == c for b, _ in replace) and any(b == c for b, _ in add)]
     if both:
-        raise ConfigError(f"{where}.widths_add.{key_of[both[0]]}", "this budget is also in widths "
-                          "(which replaces its widths); list its full set there", source=source)
+        raise ConfigError(
+            f"{where}.widths_add.{key_of[both[0]]}",
+            "this budget is also in widths (which replaces its widths); list its full set there",
+            source=source,
+        )
     out = {key: replace.get(key, base[key]) for key in ((c, r) for c in table.budgets for r in own)}
     for (c, r), ds in add.items():
         dup = [d for d in ds if d in out[(c, r)]]
         if dup and not ruled:
-            raise ConfigError(f"{where}.widths_add.{key_of[c]}", f"already in sweep.widths (r = {r}); "
-                              "list only the widths to add", value=dup[0] // (64 if unit == "s" else 1),
-                              source=source)
+            raise ConfigError(
+                f"{where}.widths_add.{key_of[c]}",
+                f"already in sweep.widths (r = {r}); list only the widths to add",
+                value=dup[0] // (64 if unit == "s" else 1),
+                source=source,
+            )
         out[(c, r)] = sorted({*out[(c, r)], *ds})
     return out
 
 
-def _variant_width_table(raw: dict[str, Any], where: str, budgets: list[float], own: list[int], unit: str,
-                         head_dim: int, source: str) -> dict[tuple[float, int], list[int]]:
+def _variant_width_table(
+    raw: dict[str, Any], where: str, budgets: list[float], own: list[int], unit: str, head_dim: int, source: str
+) -> dict[tuple[float, int], list[int]]:
     """``{budget = [widths]}`` or ``{budget = {rK = [widths]}}`` -> (C, r) -> d_model values."""
     out: dict[tuple[float, int], list[int]] = {}
     for key, values in raw.items():
@@ -504,17 +571,21 @@ def _variant_width_table(raw: dict[str, Any], where: str, budgets: list[float], 
         names = {f"r{r}": r for r in own}
         for rk, ds in per_r.items():
             if rk not in names:
-                raise ConfigError(f"{where}.{key}.{rk}", f"expected keys {sorted(names)} (the r of this "
-                                  "variant's own runs; shared r = 1 runs keep the baseline's widths)",
-                                  source=source)
+                raise ConfigError(
+                    f"{where}.{key}.{rk}",
+                    f"expected keys {sorted(names)} (the r of this "
+                    "variant's own runs; shared r = 1 runs keep the baseline's widths)",
+                    source=source,
+                )
             loc = f"{where}.{key}" + (f".{rk}" if isinstance(values, dict) else "")
             out[(c, names[rk])] = _width_list(ds, loc, unit, source)
             _check_heads(out[(c, names[rk])], head_dim, loc, unit, source)
     return out
 
 
-def _width_table(widths: dict[tuple[float, int], list[int]], budgets: list[float], rs: list[int],
-                 scale: int) -> dict[str, Any]:
+def _width_table(
+    widths: dict[tuple[float, int], list[int]], budgets: list[float], rs: list[int], scale: int
+) -> dict[str, Any]:
     """(C, r) -> d_model back to TOML: one list per budget, or a per-r table where the r differ."""
     out: dict[str, Any] = {}
     for c in budgets:
@@ -524,8 +595,9 @@ def _width_table(widths: dict[tuple[float, int], list[int]], budgets: list[float
     return out
 
 
-def _rule_widths(rule: WidthRule, table: SweepTable, base: ModelConfig, source: str,
-                 base_dir: Path | None) -> dict[tuple[float, int], list[int]]:
+def _rule_widths(
+    rule: WidthRule, table: SweepTable, base: ModelConfig, source: str, base_dir: Path | None
+) -> dict[tuple[float, int], list[int]]:
     """k widths (multiples of ``step``) nearest in log-width to the law's optimum per budget."""
     import numpy as np
 
@@ -536,8 +608,12 @@ def _rule_widths(rule: WidthRule, table: SweepTable, base: ModelConfig, source: 
     scale = 64 if rule.unit == "s" else 1
     step = (rule.step or (2 if rule.unit == "s" else base.head_dim)) * scale
     if step % base.head_dim:
-        raise ConfigError("sweep.widths.step", f"d_model step {step} does not divide into heads of "
-                          f"head_dim={base.head_dim}", value=rule.step, source=source)
+        raise ConfigError(
+            "sweep.widths.step",
+            f"d_model step {step} does not divide into heads of head_dim={base.head_dim}",
+            value=rule.step,
+            source=source,
+        )
     lo = (rule.min or step // scale) * scale
     if rule.coefficients == "paper":
         theta = JointLaw.from_params(**PAPER_COEFFICIENTS).theta_
@@ -548,8 +624,9 @@ def _rule_widths(rule: WidthRule, table: SweepTable, base: ModelConfig, source: 
         if not p.is_absolute() and base_dir is not None:
             p = base_dir / p
         if not p.is_file():
-            raise ConfigError("sweep.widths.coefficients", "expected 'paper' or a fit file", value=str(p),
-                              source=source)
+            raise ConfigError(
+                "sweep.widths.coefficients", "expected 'paper' or a fit file", value=str(p), source=source
+            )
         theta = law_from_fit(read_fit(p), rule.fit_variant)[0].theta_
     template = base.model_dump(exclude={"d_model", "s", "r"})
     out: dict[tuple[float, int], list[int]] = {}
@@ -609,7 +686,7 @@ def _expand(spec: SweepSpec) -> list[RunSpec]:
     for c in spec.budgets:
         for variant in spec.variant_names:
             v = spec.variants.get(variant)
-            rs = (v.r if v is not None and v.r else spec.r)
+            rs = v.r if v is not None and v.r else spec.r
             for r in rs:
                 if r == 1 and v is not None and v.r1 == "shared":
                     continue  # the baseline's r = 1 runs serve every variant
@@ -633,6 +710,10 @@ def _check_distinct_configs(runs: list[RunSpec], source: str) -> None:
     for rs in runs:
         key = json.dumps(rs.config.model_dump(mode="json"), sort_keys=True)
         if key in first:
-            raise ConfigError("sweep.variants", f"duplicate runs: {rs.run_id} trains the same config as "
-                              f"{first[key]} (does the variant change anything at r = {rs.r}?)", source=source)
+            raise ConfigError(
+                "sweep.variants",
+                f"duplicate runs: {rs.run_id} trains the same config as "
+                f"{first[key]} (does the variant change anything at r = {rs.r}?)",
+                source=source,
+            )
         first[key] = rs.run_id

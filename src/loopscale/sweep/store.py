@@ -102,8 +102,12 @@ class SweepStore:
             raise ConfigError("run_id", "not a run id (it would leave the sweep's runs/ folder)", value=rid)
         d = self.runs_dir / rid
         if d.is_symlink() and d.resolve().parent != self.runs_dir.resolve():
-            raise ConfigError("run_id", f"{d} is a link out of the sweep's runs/ folder (to {d.resolve()}); loopscale "
-                              "neither reads nor writes through it", value=rid)
+            raise ConfigError(
+                "run_id",
+                f"{d} is a link out of the sweep's runs/ folder (to {d.resolve()}); loopscale "
+                "neither reads nor writes through it",
+                value=rid,
+            )
         return d
 
     @property
@@ -118,8 +122,17 @@ class SweepStore:
 
     def event(self, event: str, run_id: str, **extra: Any) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        append_jsonl(self.root / "events.jsonl", {"time": time.time(), "event": event, "run_id": run_id,
-                                                  "host": socket.gethostname(), "pid": os.getpid(), **extra})
+        append_jsonl(
+            self.root / "events.jsonl",
+            {
+                "time": time.time(),
+                "event": event,
+                "run_id": run_id,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                **extra,
+            },
+        )
 
     def events(self) -> list[dict[str, Any]]:
         from loopscale.io import read_jsonl
@@ -140,8 +153,13 @@ class SweepStore:
             self._last_events = {str(e.get("run_id")): str(e.get("event")) for e in self.events()}
         if self._last_events.get(run_id) != "start":
             return False
-        self.event(state.status, run_id, val_loss=state.result.get("val_loss"), wall_s=state.result.get("wall_s"),
-                   recovered=True)
+        self.event(
+            state.status,
+            run_id,
+            val_loss=state.result.get("val_loss"),
+            wall_s=state.result.get("wall_s"),
+            recovered=True,
+        )
         self._last_events[run_id] = state.status
         return True
 
@@ -160,8 +178,12 @@ class SweepStore:
                 started = any((d / f).exists() for f in (RESULT, "ckpt.pt", "metrics.jsonl", "config.toml"))
                 if started or self.live_lock(rs.run_id) is not None:
                     raise ConfigError(
-                        "spec", f"{d} was trained with a different config (or is being trained now); use a new "
-                        "sweep dir (--out) or delete that run dir", value=rs.run_id, source=str(self.spec_path))
+                        "spec",
+                        f"{d} was trained with a different config (or is being trained now); use a new "
+                        "sweep dir (--out) or delete that run dir",
+                        value=rs.run_id,
+                        source=str(self.spec_path),
+                    )
             if old != meta:
                 writes.append((d / META, meta))
         for path, meta in writes:
@@ -236,10 +258,15 @@ class SweepStore:
     def reset_failures(self, run_id: str) -> None:
         """``--retry-failed``: a fresh set of retries; the old count and errors stay in ``history``."""
         att = self.attempts(run_id)
-        past = {"time": time.time(), "failures": int(att.get("failures", 0)), "retryable": att.get("retryable", True),
-                "errors": list(att.get("errors", []))}
-        self.write_attempts(run_id, {**att, "failures": 0, "retryable": True,
-                                     "history": [*att.get("history", []), past]})
+        past = {
+            "time": time.time(),
+            "failures": int(att.get("failures", 0)),
+            "retryable": att.get("retryable", True),
+            "errors": list(att.get("errors", [])),
+        }
+        self.write_attempts(
+            run_id, {**att, "failures": 0, "retryable": True, "history": [*att.get("history", []), past]}
+        )
 
     def write_attempts(self, run_id: str, rec: dict[str, Any]) -> None:
         atomic_write_json(self.run_dir(run_id) / ATTEMPTS, rec)
@@ -313,6 +340,7 @@ def last_step(run_dir: Path) -> int | None:
 def open_store(path: str | Path) -> SweepStore:
     store = SweepStore(path)
     if not store.exists():
-        raise ConfigError("DIR", "not a sweep dir (no spec.toml); start one with `loopscale sweep run SPEC`",
-                          value=str(path))
+        raise ConfigError(
+            "DIR", "not a sweep dir (no spec.toml); start one with `loopscale sweep run SPEC`", value=str(path)
+        )
     return store

@@ -18,5 +18,5 @@ def __getattr__(name: str) -> Any:
         return getattr(loop, name)
     raise AttributeError(f"module 'loopscale.train' has no attribute {name!r}")
 
-__all__ = ["RunConfig", "RunInterrupted", "TrainConfig", "TrainingFailed", "load_train_config",
-           "read_result", "train"]
+
+__all__ = ["RunConfig", "RunInterrupted", "TrainConfig", "TrainingFailed", "load_train_config", "read_result", "train"]

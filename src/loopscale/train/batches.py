@@ -116,9 +116,18 @@ def _cache_key(cfg: DataConfig, seq_len: int) -> str:
     from loopscale.data import corpus, mixture
 
     data = cfg.model_dump(mode="json", exclude={"allow_default"})  # a permission, not part of the rows
-    blob = json.dumps({"data": data, "T": seq_len, "files": _files_signature(cfg),
-                       "fmt": CACHE_FORMAT, "loopscale": __version__,
-                       "corpus": corpus.CORPUS_VERSION, "generator": mixture.GENERATOR_VERSION}, sort_keys=True)
+    blob = json.dumps(
+        {
+            "data": data,
+            "T": seq_len,
+            "files": _files_signature(cfg),
+            "fmt": CACHE_FORMAT,
+            "loopscale": __version__,
+            "corpus": corpus.CORPUS_VERSION,
+            "generator": mixture.GENERATOR_VERSION,
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -138,14 +147,14 @@ def _select(docs: Iterable[Any], mask: np.ndarray, held_out: bool) -> Iterator[A
     n = 0
     for doc in docs:
         if n == len(flags):
-            raise ConfigError("data.paths", f"the files changed while being read (more than the {n} "
-                              "documents counted)")
+            raise ConfigError("data.paths", f"the files changed while being read (more than the {n} documents counted)")
         if flags[n] == held_out:
             yield doc
         n += 1
     if n != len(flags):
-        raise ConfigError("data.paths", f"the files changed while being read ({len(flags)} documents "
-                          f"counted, {n} read)")
+        raise ConfigError(
+            "data.paths", f"the files changed while being read ({len(flags)} documents counted, {n} read)"
+        )
 
 
 def _cap_text(docs: Iterable[str], max_bytes: int) -> Iterator[str]:
@@ -166,15 +175,21 @@ def _user_streams(cfg: DataConfig, tokenizer: Tokenizer):
     shards = cfg.source == "shards"
     bos = cfg.bos_id if cfg.bos_id is not None else tokenizer.bos_id
     files = sources.expand_paths(cfg.paths, _SUFFIXES[cfg.source], "data.paths")
-    val_files = sources.expand_paths(cfg.val_paths, _SUFFIXES[cfg.source], "data.val_paths") \
-        if cfg.val_paths else None
+    val_files = sources.expand_paths(cfg.val_paths, _SUFFIXES[cfg.source], "data.val_paths") if cfg.val_paths else None
 
     def docs(fs: list[Path]) -> Iterator[str | np.ndarray]:
-        return sources.iter_documents(cfg.source, fs, text_field=cfg.text_field, bos_id=bos,
-                                      shard_dtype=cfg.shard_dtype, max_tokens=cfg.max_tokens if shards else None)
+        return sources.iter_documents(
+            cfg.source,
+            fs,
+            text_field=cfg.text_field,
+            bos_id=bos,
+            shard_dtype=cfg.shard_dtype,
+            max_tokens=cfg.max_tokens if shards else None,
+        )
 
-    mask = None if val_files else sources.holdout(sum(1 for _ in docs(files)), cfg.val_fraction,
-                                                  salt="loopscale.holdout")
+    mask = (
+        None if val_files else sources.holdout(sum(1 for _ in docs(files)), cfg.val_fraction, salt="loopscale.holdout")
+    )
 
     def train_src() -> Iterator[str | np.ndarray]:
         return docs(files) if mask is None else _select(docs(files), mask, False)
@@ -184,6 +199,7 @@ def _user_streams(cfg: DataConfig, tokenizer: Tokenizer):
             return docs(val_files)
         assert mask is not None  # no val_paths: the hold-out mask was drawn above
         return _select(docs(files), mask, True)
+
     encode = _encoder(tokenizer)
     h = hashlib.sha256()
 
@@ -202,8 +218,9 @@ def _user_streams(cfg: DataConfig, tokenizer: Tokenizer):
             yield d if shards else encode(cast(str, d))
 
     if shards:
-        fits = bos < 2**16 and all(sources.shard_layout(f, cfg.shard_dtype)[0].itemsize == 2
-                                   for f in [*files, *(val_files or [])])
+        fits = bos < 2**16 and all(
+            sources.shard_layout(f, cfg.shard_dtype)[0].itemsize == 2 for f in [*files, *(val_files or [])]
+        )
         dtype = cache.row_dtype(2**16 if fits else 2**31)
     else:
         dtype = cache.row_dtype(max(tokenizer.vocab_size, bos + 1))
@@ -228,17 +245,30 @@ def _build(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, folder: Path) ->
         dtype = cache.row_dtype(max(tokenizer.vocab_size, bos + 1))
     else:
         train, val, fingerprint, bos, dtype = _user_streams(cfg, tokenizer)
-    return cache.build(folder, train_docs=train, val_docs=val, seq_len=seq_len, bos_id=bos, seed=cfg.seed,
-                       dtype=dtype, fingerprint=fingerprint, extra={"source": cfg.source}, **_packing(cfg))
+    return cache.build(
+        folder,
+        train_docs=train,
+        val_docs=val,
+        seq_len=seq_len,
+        bos_id=bos,
+        seed=cfg.seed,
+        dtype=dtype,
+        fingerprint=fingerprint,
+        extra={"source": cfg.source},
+        **_packing(cfg),
+    )
 
 
 def check_allowed(cfg: DataConfig) -> None:
     """``data.allow_default = false`` (the paper preset) refuses the embedded default: it is an 8M-token
     stand-in that a paper-scale run would repeat 40-1,303 times, so training on it must be asked for."""
     if cfg.source == "default" and not cfg.allow_default:
-        raise ConfigError("data.source", "the embedded default (an 8M-token stand-in) is refused by "
-                          "data.allow_default = false ([train.data] of the paper preset): set data.source and "
-                          "data.paths to your data, or data.allow_default = true to train on the stand-in anyway")
+        raise ConfigError(
+            "data.source",
+            "the embedded default (an 8M-token stand-in) is refused by "
+            "data.allow_default = false ([train.data] of the paper preset): set data.source and "
+            "data.paths to your data, or data.allow_default = true to train on the stand-in anyway",
+        )
 
 
 def load_token_data(cfg: DataConfig, seq_len: int, *, use_cache: bool = True) -> TokenData:
@@ -253,5 +283,13 @@ def load_token_data(cfg: DataConfig, seq_len: int, *, use_cache: bool = True) ->
         rows = cache.get_or_build(cache_dir() / "tokens", _cache_key(cfg, seq_len), build_into)
     else:
         rows = cache.build_in_memory(build_into)
-    return TokenData(rows.train, rows.val, tokenizer, rows.meta["fingerprint"], order=rows.order,
-                     max_id=int(rows.meta["max_id"]), path=rows.path, built=rows.built)
+    return TokenData(
+        rows.train,
+        rows.val,
+        tokenizer,
+        rows.meta["fingerprint"],
+        order=rows.order,
+        max_id=int(rows.meta["max_id"]),
+        path=rows.path,
+        built=rows.built,
+    )

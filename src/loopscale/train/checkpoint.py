@@ -33,8 +33,9 @@ class _Unreadable(Exception):
     """The checkpoint cannot be read back as one (the reason is the message)."""
 
 
-def save_checkpoint(run_dir: Path, *, model: torch.nn.Module, optimizers: Any, step: int,
-                    extra: dict[str, Any]) -> None:
+def save_checkpoint(
+    run_dir: Path, *, model: torch.nn.Module, optimizers: Any, step: int, extra: dict[str, Any]
+) -> None:
     state = {
         "step": step,
         "model": model.state_dict(),
@@ -63,8 +64,11 @@ def load_checkpoint(run_dir: Path, *, is_main: bool = True) -> dict[str, Any] | 
     except _Unreadable as why:
         if is_main:  # other ranks read the same bytes, fail the same way and also start from step 0
             aside = set_aside(path)
-            print(f"warning: {path} is unreadable ({why}); moved to {aside.name}, the run restarts from step 0",
-                  file=sys.stderr, flush=True)
+            print(
+                f"warning: {path} is unreadable ({why}); moved to {aside.name}, the run restarts from step 0",
+                file=sys.stderr,
+                flush=True,
+            )
         return None
 
 
@@ -77,9 +81,13 @@ def _read(path: Path) -> dict[str, Any]:
     except pickle.UnpicklingError as exc:
         if not zipfile.is_zipfile(path):  # not torch.save's format: damaged (it is never unpickled)
             raise _Unreadable(f"not a checkpoint: {_first_line(exc)}") from None
-        raise ConfigError("checkpoint", "refused to load: it holds objects a loopscale checkpoint never contains "
-                          "(unpickling them could run code); delete it only if you trust it was meant to be "
-                          "here, then rerun to start the run from step 0", source=str(path)) from None
+        raise ConfigError(
+            "checkpoint",
+            "refused to load: it holds objects a loopscale checkpoint never contains "
+            "(unpickling them could run code); delete it only if you trust it was meant to be "
+            "here, then rerun to start the run from step 0",
+            source=str(path),
+        ) from None
     except OSError:
         raise  # missing, or an I/O error that may pass: never a reason to drop the run's progress
     except Exception as exc:  # truncated or damaged archive, empty file

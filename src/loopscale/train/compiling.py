@@ -44,8 +44,14 @@ class WholeModel:
     before the first successful call: after that the graph exists and errors are real.
     """
 
-    def __init__(self, module: nn.Module, blocks: Iterable[nn.Module], *, backend: str | Callable = "inductor",
-                 warn: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        blocks: Iterable[nn.Module],
+        *,
+        backend: str | Callable = "inductor",
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
         self.module = module
         self.blocks = list(blocks)
         self.compiled: Callable[..., Any] = torch.compile(module, backend=backend, dynamic=False)
@@ -68,17 +74,25 @@ class WholeModel:
         cause = getattr(error, "inner_exception", None) or error.__cause__ or error  # the backend's own error
         lines = str(cause).strip().splitlines()
         if self._warn is not None:
-            self._warn(f"whole-model torch.compile failed ({type(error).__name__}: {type(cause).__name__}: "
-                       f"{(lines[0] if lines else '')[:200]}); compiling each block instead")
+            self._warn(
+                f"whole-model torch.compile failed ({type(error).__name__}: {type(cause).__name__}: "
+                f"{(lines[0] if lines else '')[:200]}); compiling each block instead"
+            )
         torch._dynamo.reset()
         for b in self.blocks:
             b.compile()
         self.compiled, self.mode, self._proven = self.module, "blocks", True
 
 
-def compile_for_training(module: nn.Module, blocks: Iterable[nn.Module], mode: str, device: torch.device, *,
-                         warn: Callable[[str], None] | None = None,
-                         backend: str | Callable = "inductor") -> tuple[Callable[..., Any], str]:
+def compile_for_training(
+    module: nn.Module,
+    blocks: Iterable[nn.Module],
+    mode: str,
+    device: torch.device,
+    *,
+    warn: Callable[[str], None] | None = None,
+    backend: str | Callable = "inductor",
+) -> tuple[Callable[..., Any], str]:
     """What a training step calls (``module``: the model or its DDP wrapper) and the mode in effect."""
     mode = resolved_mode(mode, device)
     if mode == "blocks":

@@ -20,11 +20,19 @@ from loopscale.cores import SLOT_CORES_ENV, available_cores, uses_cuda  # also i
 # 756 ("NVIDIA H100 PCIe"); H200 data sheet: SXM 1,979 -> 989, NVL 1,671 -> 835. A100 (SXM and PCIe) 312,
 # L40S 362, L40 181, A10G 125, L4 121, RTX 4090 165, V100 125 (fp16: it has no bf16 units).
 PEAK_BF16: tuple[tuple[str, float], ...] = (
-    ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H200 NVL", 835e12), ("H100", 989e12), ("H200", 989e12),
-    ("A100", 312e12), ("L40S", 362e12), ("L40", 181e12), ("A10G", 125e12), ("L4", 121e12), ("4090", 165e12),
+    ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
+    ("H200 NVL", 835e12),
+    ("H100", 989e12),
+    ("H200", 989e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("L40", 181e12),
+    ("A10G", 125e12),
+    ("L4", 121e12),
+    ("4090", 165e12),
     ("V100", 125e12),
 )
-
 
 
 @dataclass
@@ -36,7 +44,6 @@ class Dist:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
 
 
 def setup_dist(device_pref: str) -> tuple[Dist, torch.device]:
@@ -93,8 +100,7 @@ def tune_cpu_malloc() -> bool:
     if choice not in ("", "tuned", "default"):
         from loopscale.errors import ConfigError
 
-        raise ConfigError(MALLOC_ENV, "expected 'tuned' (or unset) or 'default'", value=choice,
-                          source="environment")
+        raise ConfigError(MALLOC_ENV, "expected 'tuned' (or unset) or 'default'", value=choice, source="environment")
     if choice == "default" or platform.libc_ver()[0] != "glibc":
         return False
     import ctypes
@@ -146,8 +152,12 @@ def hardware_info(device: torch.device) -> dict[str, Any]:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    info: dict[str, Any] = {"device": str(device), "cpu": cpu, "cores": available_cores(),
-                            "threads": torch.get_num_threads()}
+    info: dict[str, Any] = {
+        "device": str(device),
+        "cpu": cpu,
+        "cores": available_cores(),
+        "threads": torch.get_num_threads(),
+    }
     if device.type == "cpu":  # whether the compiled kernels run (or the torch ops, and why)
         from loopscale.model import cpu_kernels
 
@@ -161,5 +171,9 @@ def hardware_info(device: torch.device) -> dict[str, Any]:
 def versions() -> dict[str, str]:
     import loopscale
 
-    return {"loopscale": loopscale.__version__, "torch": torch.__version__,
-            "python": sys.version.split()[0], "platform": platform.platform()}
+    return {
+        "loopscale": loopscale.__version__,
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+    }

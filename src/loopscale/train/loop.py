@@ -98,11 +98,20 @@ def _prepare_dir(run_dir: Path, cfg: TrainConfig, is_main: bool) -> None:
         raise ConfigError("--out", f"cannot write the run dir: {exc.strerror or exc}", value=str(run_dir)) from None
 
 
-def evaluate_loss(model: torch.nn.Module, rows: torch.Tensor, *, micro_batch: int, device: torch.device,
-                  dtype: str, dist_world: int = 1, rank: int = 0) -> float:
+def evaluate_loss(
+    model: torch.nn.Module,
+    rows: torch.Tensor,
+    *,
+    micro_batch: int,
+    device: torch.device,
+    dtype: str,
+    dist_world: int = 1,
+    rank: int = 0,
+) -> float:
     """Mean next-token loss (nats/token) over validation rows, sharded across ranks."""
-    return val_loss_stats(model, rows, micro_batch=micro_batch, device=device, dtype=dtype,
-                          dist_world=dist_world, rank=rank).loss
+    return val_loss_stats(
+        model, rows, micro_batch=micro_batch, device=device, dtype=dtype, dist_world=dist_world, rank=rank
+    ).loss
 
 
 class ValStats(NamedTuple):
@@ -118,9 +127,18 @@ class _EvalStopped(Exception):
 
 
 @torch.no_grad()
-def val_loss_stats(model: torch.nn.Module, rows: torch.Tensor, *, micro_batch: int, device: torch.device,
-                   dtype: str, dist_world: int = 1, rank: int = 0,
-                   stop: Callable[[], bool] | None = None, token_bytes: torch.Tensor | None = None) -> ValStats:
+def val_loss_stats(
+    model: torch.nn.Module,
+    rows: torch.Tensor,
+    *,
+    micro_batch: int,
+    device: torch.device,
+    dtype: str,
+    dist_world: int = 1,
+    rank: int = 0,
+    stop: Callable[[], bool] | None = None,
+    token_bytes: torch.Tensor | None = None,
+) -> ValStats:
     """(mean loss, its standard error over rows, bits per byte): the validation estimate and its own sampling noise.
 
     Every run of a sweep is scored on the same rows, so this noise is shared by all runs (it shifts
@@ -148,8 +166,16 @@ def val_loss_stats(model: torch.nn.Module, rows: torch.Tensor, *, micro_batch: i
             loss = model(x, y, reduction="none").view(y.shape).double()
         row_means = loss.mean(dim=1)
         nb = tb[y].double() if tb is not None else torch.zeros_like(loss)
-        total += torch.stack([loss.sum(), torch.tensor(float(y.numel()), dtype=torch.float64, device=device),
-                              row_means.sum(), row_means.square().sum(), (loss * (nb > 0)).sum(), nb.sum()])
+        total += torch.stack(
+            [
+                loss.sum(),
+                torch.tensor(float(y.numel()), dtype=torch.float64, device=device),
+                row_means.sum(),
+                row_means.square().sum(),
+                (loss * (nb > 0)).sum(),
+                nb.sum(),
+            ]
+        )
     if dist_world > 1:
         torch.distributed.all_reduce(total)
     model.train(was_training)
@@ -193,19 +219,42 @@ def result_fields(cfg: TrainConfig) -> dict[str, Any]:
         own = {"technique": m.technique, "technique_sha256": technique.source_sha256(m)}
     return {
         **own,
-        "r": m.r, "d_model": m.width, "n_prelude": m.n_prelude, "n_recur": m.n_recur, "n_coda": m.n_coda,
-        "L_eff": m.L_eff, "layout": m.layout, "injection": m.builtin_injection, "bptt_k": m.bptt_k,
-        "N_once": a.N_once, "N_rec": a.N_rec, "N_emb": a.N_emb, "N_norm": a.N_norm, "N_total": a.N_total,
-        "flops_per_token": a.flops_per_token, "seq_len": m.seq_len, "batch_size": cfg.run.batch_size,
+        "r": m.r,
+        "d_model": m.width,
+        "n_prelude": m.n_prelude,
+        "n_recur": m.n_recur,
+        "n_coda": m.n_coda,
+        "L_eff": m.L_eff,
+        "layout": m.layout,
+        "injection": m.builtin_injection,
+        "bptt_k": m.bptt_k,
+        "N_once": a.N_once,
+        "N_rec": a.N_rec,
+        "N_emb": a.N_emb,
+        "N_norm": a.N_norm,
+        "N_total": a.N_total,
+        "flops_per_token": a.flops_per_token,
+        "seq_len": m.seq_len,
+        "batch_size": cfg.run.batch_size,
         # the architecture template, so a fit can rebuild the accounting for other widths
-        "vocab_size": m.vocab_size, "vocab_multiple": m.vocab_multiple, "head_dim": m.head_dim,
-        "mlp_ratio": m.mlp_ratio, "hc_lanes": m.hc_lanes,
+        "vocab_size": m.vocab_size,
+        "vocab_multiple": m.vocab_multiple,
+        "head_dim": m.head_dim,
+        "mlp_ratio": m.mlp_ratio,
+        "hc_lanes": m.hc_lanes,
     }
 
 
-def train(cfg: TrainConfig, run_dir: str | Path, *, progress: bool = True,
-          on_step: Any = None, overwrite: bool = False, source: str | None = None,
-          progress_every: int | None = None) -> dict[str, Any]:
+def train(
+    cfg: TrainConfig,
+    run_dir: str | Path,
+    *,
+    progress: bool = True,
+    on_step: Any = None,
+    overwrite: bool = False,
+    source: str | None = None,
+    progress_every: int | None = None,
+) -> dict[str, Any]:
     """Run (or resume, or return the finished) training run in ``run_dir``. Returns result.json's dict.
 
     A run dir holding a different config is refused (``rundir.check_run_dir``) unless ``overwrite``, which
@@ -251,8 +300,19 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, progress: bool = True,
         _prepare_dir(run_dir, cfg, dist.is_main)
     try:
         with _named(source):
-            ctx = RunContext(cfg, run_dir, total_steps, dist, device, threads, t_start, data, progress=progress,
-                             progress_every=progress_every, on_step=on_step)
+            ctx = RunContext(
+                cfg,
+                run_dir,
+                total_steps,
+                dist,
+                device,
+                threads,
+                t_start,
+                data,
+                progress=progress,
+                progress_every=progress_every,
+                on_step=on_step,
+            )
             return _train(ctx).dump()
     except (RunInterrupted, KeyboardInterrupt):
         raise
@@ -273,15 +333,21 @@ def _named(source: str | None) -> Iterator[None]:
         raise
 
 
-def _record_failure(run_dir: Path, cfg: TrainConfig, exc: Exception, t_start: float, is_main: bool,
-                    prepare: bool = False) -> NoReturn:
+def _record_failure(
+    run_dir: Path, cfg: TrainConfig, exc: Exception, t_start: float, is_main: bool, prepare: bool = False
+) -> NoReturn:
     """Write result.json status 'failed' (error and traceback) and raise TrainingFailed."""
     if is_main:
         if prepare:
             _prepare_dir(run_dir, cfg, is_main)
-        record = RunRecord(status="failed", error=f"{type(exc).__name__}: {exc}",
-                           traceback=traceback.format_exc(), **result_fields(cfg),
-                           wall_s=time.time() - t_start, versions=versions())
+        record = RunRecord(
+            status="failed",
+            error=f"{type(exc).__name__}: {exc}",
+            traceback=traceback.format_exc(),
+            **result_fields(cfg),
+            wall_s=time.time() - t_start,
+            versions=versions(),
+        )
         atomic_write_json(run_dir / RESULT, record.dump())
     raise TrainingFailed(f"{run_dir}: run failed: {type(exc).__name__}: {exc}") from exc
 
@@ -290,17 +356,24 @@ def _load_data(cfg: TrainConfig) -> TokenData:
     """The run's token data, checked against the model's vocabulary."""
     data: TokenData = load_token_data(cfg.data, cfg.model.seq_len)
     if cfg.model.vocab_size < data.tokenizer.vocab_size:
-        raise ConfigError("model.vocab_size", f"smaller than the tokenizer's vocabulary "
-                          f"({data.tokenizer.vocab_size})", value=cfg.model.vocab_size)
+        raise ConfigError(
+            "model.vocab_size",
+            f"smaller than the tokenizer's vocabulary ({data.tokenizer.vocab_size})",
+            value=cfg.model.vocab_size,
+        )
     max_id = data.max_id  # from the cache's meta.json: no scan of the mapped rows in every rank
     if max_id >= cfg.model.vocab_size:
-        raise ConfigError("model.vocab_size", f"the data holds token id {max_id}; set vocab_size > {max_id} "
-                          "(tokenizer and data do not match)", value=cfg.model.vocab_size)
+        raise ConfigError(
+            "model.vocab_size",
+            f"the data holds token id {max_id}; set vocab_size > {max_id} (tokenizer and data do not match)",
+            value=cfg.model.vocab_size,
+        )
     return data
 
 
 # ---- the pieces of a run (after torchtitan's train / train_step / forward_backward_step, its validator
 # and its checkpointer's should-save): each is small and tested alone; ``_train`` only strings them together.
+
 
 def should_log(done_steps: int, total_steps: int, log_every: int) -> bool:
     """A metrics line after every ``log_every`` steps and after the last step."""
@@ -406,11 +479,25 @@ class Validator:
     """The run's validation: the same rows for the periodic ``loss`` and the ``final`` estimate, sharded across
     processes; the final one can be stopped between batches by a signal."""
 
-    def __init__(self, model: torch.nn.Module, rows: torch.Tensor, *, micro_batch: int, device: torch.device,
-                 dtype: str, world: int = 1, rank: int = 0) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        rows: torch.Tensor,
+        *,
+        micro_batch: int,
+        device: torch.device,
+        dtype: str,
+        world: int = 1,
+        rank: int = 0,
+    ) -> None:
         self.model, self.rows = model, rows
-        self._kw: dict[str, Any] = {"micro_batch": micro_batch, "device": device, "dtype": dtype,
-                                    "dist_world": world, "rank": rank}
+        self._kw: dict[str, Any] = {
+            "micro_batch": micro_batch,
+            "device": device,
+            "dtype": dtype,
+            "dist_world": world,
+            "rank": rank,
+        }
 
     @property
     def tokens(self) -> int:
@@ -440,11 +527,25 @@ class _Meter:
         self.t, self.tokens = time.time(), 0
 
 
-def _step_record(done_steps: int, tokens_per_step: int, lr_mult: float, loss: float, meter: _Meter,
-                 f_token: float, peak: float | None, world: int, device: torch.device) -> dict[str, Any]:
+def _step_record(
+    done_steps: int,
+    tokens_per_step: int,
+    lr_mult: float,
+    loss: float,
+    meter: _Meter,
+    f_token: float,
+    peak: float | None,
+    world: int,
+    device: torch.device,
+) -> dict[str, Any]:
     """A metrics.jsonl line: progress, loss, throughput, model FLOPs utilisation and CUDA memory."""
-    rec: dict[str, Any] = {"step": done_steps, "tokens": done_steps * tokens_per_step, "lr_mult": lr_mult,
-                           "train_loss": loss, "tokens_per_s": meter.rate()}
+    rec: dict[str, Any] = {
+        "step": done_steps,
+        "tokens": done_steps * tokens_per_step,
+        "lr_mult": lr_mult,
+        "train_loss": loss,
+        "tokens_per_s": meter.rate(),
+    }
     rec["flops_per_s"] = (rec["tokens_per_s"] or 0) * f_token
     if peak:
         rec["mfu"] = rec["flops_per_s"] / (peak * world)
@@ -457,8 +558,14 @@ def _model_and_optimizers(cfg: TrainConfig, device: torch.device) -> tuple[Loope
     """The model, initialised from ``run.seed``, and its optimisers (learning rates for the run's length)."""
     torch.manual_seed(cfg.run.seed)
     model = LoopedLM(cfg.model).to(device)
-    opt = build_optimizers(model.param_groups(), cfg.optim, d_model=cfg.model.width,
-                           tokens_per_step=cfg.tokens_per_step, total_tokens=cfg.lr_tokens(), r=cfg.model.r)
+    opt = build_optimizers(
+        model.param_groups(),
+        cfg.optim,
+        d_model=cfg.model.width,
+        tokens_per_step=cfg.tokens_per_step,
+        total_tokens=cfg.lr_tokens(),
+        r=cfg.model.r,
+    )
     model.fused_loss = cfg.run.fused_loss
     return model, opt
 
@@ -523,8 +630,10 @@ def _train(ctx: RunContext) -> RunRecord:
     batching = Batching.for_run(cfg, device, dist.world)
     val_rows = data.val_rows(run.val_tokens)
     if dist.is_main and val_rows.shape[0] * cfg.model.seq_len < run.val_tokens:
-        _warn(f"run.val_tokens = {run.val_tokens:,} but the validation split holds "
-              f"{val_rows.shape[0] * cfg.model.seq_len:,} tokens: validating on all of them")
+        _warn(
+            f"run.val_tokens = {run.val_tokens:,} but the validation split holds "
+            f"{val_rows.shape[0] * cfg.model.seq_len:,} tokens: validating on all of them"
+        )
 
     f_token = accounting.train_flops_per_token(cfg.model)
     tokens_per_step = cfg.tokens_per_step
@@ -535,28 +644,42 @@ def _train(ctx: RunContext) -> RunRecord:
     ddp = None
     if dist.world > 1:
         ddp = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
-    train_model, _ = compile_for_training(ddp or model, model.blocks(), run.compile, device,
-                                          warn=_warn if dist.is_main else None)
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+    train_model, _ = compile_for_training(
+        ddp or model, model.blocks(), run.compile, device, warn=_warn if dist.is_main else None
+    )
     dtype = resolved_dtype(device, run.dtype)
     peak = peak_flops(device, run.dtype)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     diverge_at = 2.0 * math.log(cfg.model.vocab_size) + 1.0
     s = Step(train_model, ddp, opt, data, batching, cfg.data.seed, device, dtype, dist.rank, dist.world)
-    validator = Validator(model, val_rows, micro_batch=batching.val_micro, device=device, dtype=dtype,
-                          world=dist.world, rank=dist.rank)
+    validator = Validator(
+        model, val_rows, micro_batch=batching.val_micro, device=device, dtype=dtype, world=dist.world, rank=dist.rank
+    )
 
-    bar = _progress_bar(ctx.progress and dist.is_main, total_steps, start, run_dir.name, every=ctx.progress_every,
-                        tokens_per_step=tokens_per_step)
+    bar = _progress_bar(
+        ctx.progress and dist.is_main,
+        total_steps,
+        start,
+        run_dir.name,
+        every=ctx.progress_every,
+        tokens_per_step=tokens_per_step,
+    )
     tracker = make_tracker(run.track if dist.is_main else "none", run_dir, cfg.as_toml_dict())
     status, final = "ok", ValStats(float("nan"), float("nan"), None)
     meter = _Meter()
     done_steps = start
 
     def save(step: int) -> None:
-        ck.save_checkpoint(run_dir, model=model, optimizers=opt, step=step,
-                           extra={"wall_s": time.time() - t_start, "train_loss": last_loss})
+        ck.save_checkpoint(
+            run_dir,
+            model=model,
+            optimizers=opt,
+            step=step,
+            extra={"wall_s": time.time() - t_start, "train_loss": last_loss},
+        )
 
     with StopSignals(STOP_OR_WARN, second_ctrl_c_stops_at_once) as sig, bar:  # also in the final evaluation
         model.train()
@@ -571,8 +694,9 @@ def _train(ctx: RunContext) -> RunRecord:
                 break
             is_eval = should_validate(done_steps, total_steps, run.eval_every)
             if is_eval or should_log(done_steps, total_steps, run.log_every):
-                rec = _step_record(done_steps, tokens_per_step, lr_mult, last_loss, meter, f_token, peak,
-                                   dist.world, device)
+                rec = _step_record(
+                    done_steps, tokens_per_step, lr_mult, last_loss, meter, f_token, peak, dist.world, device
+                )
                 if is_eval:
                     rec["val_loss"] = validator.loss()
                 if dist.is_main:
@@ -588,8 +712,11 @@ def _train(ctx: RunContext) -> RunRecord:
             if stop:
                 if dist.world > 1:
                     torch.distributed.barrier()
-                raise RunInterrupted(f"{run_dir}: stopped by signal {sig.caught} at step {done_steps}/"
-                                     f"{total_steps}; checkpoint saved, rerun to resume", sig.caught)
+                raise RunInterrupted(
+                    f"{run_dir}: stopped by signal {sig.caught} at step {done_steps}/"
+                    f"{total_steps}; checkpoint saved, rerun to resume",
+                    sig.caught,
+                )
 
         measured = _measured_peak(device)
         if status == "ok":
@@ -601,18 +728,22 @@ def _train(ctx: RunContext) -> RunRecord:
             try:
                 final = validator.final(lambda: sig.caught is not None, val_token_bytes(cfg, data))
             except _EvalStopped:
-                raise RunInterrupted(f"{run_dir}: stopped by signal {sig.caught} during the final evaluation; "
-                                     f"checkpoint at step {total_steps}/{total_steps} saved, rerun to evaluate",
-                                     sig.caught) from None
+                raise RunInterrupted(
+                    f"{run_dir}: stopped by signal {sig.caught} during the final evaluation; "
+                    f"checkpoint at step {total_steps}/{total_steps} saved, rerun to evaluate",
+                    sig.caught,
+                ) from None
             if not math.isfinite(final.loss):
                 status = "diverged"
             elif dist.is_main:  # the final validation reaches the tracker too, then it closes
-                tracker.log({"step": total_steps, "val_loss": final.loss, "val_loss_se": final.se,
-                             "val_bpb": final.bpb})
+                tracker.log(
+                    {"step": total_steps, "val_loss": final.loss, "val_loss_se": final.se, "val_bpb": final.bpb}
+                )
         tracker.close()
     compiled = getattr(train_model, "mode", resolved_mode(run.compile, device))
-    result = _result(ctx, Outcome(status, final, last_loss, done_steps, validator.tokens, dtype, compiled,
-                                  batching.plan))
+    result = _result(
+        ctx, Outcome(status, final, last_loss, done_steps, validator.tokens, dtype, compiled, batching.plan)
+    )
     if measured is not None:  # CUDA: what the allocator saw, beside the prediction (training, then validation)
         result.measured_peak_bytes = measured
         result.measured_val_peak_bytes = _measured_peak(device) if status == "ok" else None
@@ -630,8 +761,16 @@ def _write_result(run_dir: Path, result: RunRecord, model: torch.nn.Module, *, k
     the run finished, last; then the checkpoint goes (unless kept)."""
     if result.status == "ok":
         ck.save_weights(run_dir, model)
-        append_jsonl(run_dir / METRICS, {"step": result.steps, "tokens": result.D, "val_loss": result.val_loss,
-                                         "val_bpb": result.val_bpb, "final": True})
+        append_jsonl(
+            run_dir / METRICS,
+            {
+                "step": result.steps,
+                "tokens": result.D,
+                "val_loss": result.val_loss,
+                "val_bpb": result.val_bpb,
+                "final": True,
+            },
+        )
     atomic_write_json(run_dir / RESULT, result.dump())
     if not keep_checkpoint:
         (run_dir / ck.CKPT).unlink(missing_ok=True)
@@ -679,17 +818,25 @@ def micro_batches(cfg: TrainConfig, device: torch.device, world: int = 1) -> mem
     limit = None if total is None else memory.usable_memory(total, device.type)
     mb = memory.micro_batches(cfg, device=device.type, limit=limit, world=world)
     if mb.train is None:
-        raise ConfigError("run.micro_batch", f"auto: one row of {cfg.model.seq_len} tokens needs "
-                          f"{memory.fmt_bytes(mb.train_peak)} (predicted, loopscale.memory) but one process on "
-                          f"{device} has {memory.fmt_bytes(limit or 0)} usable; use a larger device, more "
-                          "processes or a smaller model", value="auto")
+        raise ConfigError(
+            "run.micro_batch",
+            f"auto: one row of {cfg.model.seq_len} tokens needs "
+            f"{memory.fmt_bytes(mb.train_peak)} (predicted, loopscale.memory) but one process on "
+            f"{device} has {memory.fmt_bytes(limit or 0)} usable; use a larger device, more "
+            "processes or a smaller model",
+            value="auto",
+        )
     peak = max(mb.train_peak, mb.val_peak)
     if total is not None and peak > total:  # it cannot run here: refuse now, not after minutes of swapping
         m, r = cfg.model, cfg.run
-        raise ConfigError("run.micro_batch", f"{mb.train} rows of {m.seq_len} tokens at d_model = {m.d_model}, "
-                          f"L_eff = {m.L_eff} need {memory.fmt_bytes(peak)} (predicted, loopscale.memory) but "
-                          f"{device} has {memory.fmt_bytes(total)} in all; set run.micro_batch = \"auto\", a "
-                          "smaller run.batch_size or a smaller model", value=r.micro_batch)
+        raise ConfigError(
+            "run.micro_batch",
+            f"{mb.train} rows of {m.seq_len} tokens at d_model = {m.d_model}, "
+            f"L_eff = {m.L_eff} need {memory.fmt_bytes(peak)} (predicted, loopscale.memory) but "
+            f'{device} has {memory.fmt_bytes(total)} in all; set run.micro_batch = "auto", a '
+            "smaller run.batch_size or a smaller model",
+            value=r.micro_batch,
+        )
     return mb
 
 
@@ -719,8 +866,9 @@ class _progress_bar:
     a batch job) a plain line every ``every`` steps (default: every 5 % of the run) with the step, loss,
     tokens/s and ETA, as people tail logs. No-op when disabled."""
 
-    def __init__(self, enabled: bool, total: int, start: int, name: str, *, every: int | None = None,
-                 tokens_per_step: int = 0) -> None:
+    def __init__(
+        self, enabled: bool, total: int, start: int, name: str, *, every: int | None = None, tokens_per_step: int = 0
+    ) -> None:
         from loopscale.console import err_console
 
         self.enabled, self.total, self.start, self.done = enabled, total, start, start
@@ -734,9 +882,15 @@ class _progress_bar:
             from rich.markup import escape
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self._p = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                               TextColumn("{task.completed}/{task.total}"), TextColumn("loss {task.fields[loss]}"),
-                               TimeRemainingColumn(), console=err_console, transient=True)
+            self._p = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total}"),
+                TextColumn("loss {task.fields[loss]}"),
+                TimeRemainingColumn(),
+                console=err_console,
+                transient=True,
+            )
             self._task = self._p.add_task(escape(name), total=total, completed=start, loss="-")
         elif enabled:
             resumed = f", resuming at step {start}" if start else ""
@@ -764,9 +918,11 @@ class _progress_bar:
         window = max(now - self._t_last, 1e-9)
         per_step = (now - self._t0) / max(self.done - self.start, 1)
         self._t_last, self._last_step = now, self.done
-        return (f"step {self.done}/{self.total} ({100 * self.done / max(self.total, 1):.0f}%) loss {loss:.4f} | "
-                f"{steps * self.tokens_per_step / window:,.0f} tok/s | elapsed {_hms(now - self._t0)} | "
-                f"ETA {_hms(per_step * (self.total - self.done))}")
+        return (
+            f"step {self.done}/{self.total} ({100 * self.done / max(self.total, 1):.0f}%) loss {loss:.4f} | "
+            f"{steps * self.tokens_per_step / window:,.0f} tok/s | elapsed {_hms(now - self._t0)} | "
+            f"ETA {_hms(per_step * (self.total - self.done))}"
+        )
 
     def note(self, text: str) -> None:
         """A stage worth a line in a log (the final evaluation can take minutes)."""

@@ -74,8 +74,10 @@ def _stored_config(path: Path) -> dict[str, Any]:
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ConfigError("--out", f"{path} cannot be read ({exc}); pass --overwrite to start afresh in this dir, "
-                          "or choose a new --out") from None
+        raise ConfigError(
+            "--out",
+            f"{path} cannot be read ({exc}); pass --overwrite to start afresh in this dir, or choose a new --out",
+        ) from None
     try:
         return train_config_from_dict(raw, str(path)).as_toml_dict()
     except ConfigError:
@@ -91,9 +93,13 @@ def check_run_dir(run_dir: Path, cfg: Any) -> None:
     diffs = config_diff(_stored_config(path), cfg.as_toml_dict())
     if diffs:
         shown = "; ".join(diffs[:6]) + (f"; +{len(diffs) - 6} more" if len(diffs) > 6 else "")
-        raise ConfigError("--out", f"{run_dir} holds a run of a different config ({shown}); choose a new --out "
-                          "(or leave --out unset: the default dir name carries the config's hash), or pass "
-                          "--overwrite to discard that run", value=str(run_dir))
+        raise ConfigError(
+            "--out",
+            f"{run_dir} holds a run of a different config ({shown}); choose a new --out "
+            "(or leave --out unset: the default dir name carries the config's hash), or pass "
+            "--overwrite to discard that run",
+            value=str(run_dir),
+        )
     _check_technique_code(run_dir, cfg)
 
 
@@ -106,9 +112,13 @@ def _check_technique_code(run_dir: Path, cfg: Any) -> None:
 
     then, now = stored.read_text(encoding="utf-8").strip(), str(technique.source_sha256(cfg.model))
     if then != now:
-        raise ConfigError("model.technique", f"the code of {cfg.model.technique} changed since {run_dir} began "
-                          f"(sha256 {then[:12]} then, {now[:12]} now); restore it, train into a new --out, or pass "
-                          "--overwrite to discard that run", value=cfg.model.technique)
+        raise ConfigError(
+            "model.technique",
+            f"the code of {cfg.model.technique} changed since {run_dir} began "
+            f"(sha256 {then[:12]} then, {now[:12]} now); restore it, train into a new --out, or pass "
+            "--overwrite to discard that run",
+            value=cfg.model.technique,
+        )
 
 
 def check_out_path(run_dir: Path) -> None:

@@ -87,8 +87,17 @@ class _Wandb(Tracker):
         project = run.get("wandb_project") or os.environ.get("WANDB_PROJECT") or "loopscale"
         entity = run.get("wandb_entity") or os.environ.get("WANDB_ENTITY") or None
         group, tags = sweep_labels(run_dir)
-        self.run = wandb.init(project=project, entity=entity, name=run_dir.name, dir=str(run_dir), config=config,
-                              resume="allow", id=run_id(run_dir), group=group, tags=tags or None)
+        self.run = wandb.init(
+            project=project,
+            entity=entity,
+            name=run_dir.name,
+            dir=str(run_dir),
+            config=config,
+            resume="allow",
+            id=run_id(run_dir),
+            group=group,
+            tags=tags or None,
+        )
 
     def log(self, record: dict[str, Any]) -> None:
         self.run.log({k: v for k, v in record.items() if k != "step"}, step=int(record.get("step", 0)))
@@ -103,5 +112,4 @@ def make_tracker(kind: str, run_dir: Path, config: dict[str, Any]) -> Tracker:
     try:
         return _TensorBoard(run_dir) if kind == "tensorboard" else _Wandb(run_dir, config)
     except ImportError:
-        raise ConfigError("run.track", f"{kind} is not installed; pip install 'loopscale[track]'",
-                          value=kind) from None
+        raise ConfigError("run.track", f"{kind} is not installed; pip install 'loopscale[track]'", value=kind) from None

@@ -116,8 +116,9 @@ def held_out(extrap: dict[str, Any] | None, lor: dict[str, Any]) -> dict[str, fl
     return {"extrapolation_rmse": None if extrap is None else extrap["rmse"], "leave_one_r_out_rmse": pooled}
 
 
-def run_checks(law: JointLaw | LawVariant, runs: RunsTable, restarts: int = 100, *,
-               split: bool = True) -> dict[str, Any]:
+def run_checks(
+    law: JointLaw | LawVariant, runs: RunsTable, restarts: int = 100, *, split: bool = True
+) -> dict[str, Any]:
     """Every check of one law; ``split = False`` skips the half split (restricted fits: phi is fixed)."""
     extrap, lor = extrapolation(law, runs, restarts), leave_one_r_out(law, runs, restarts)
     return {

@@ -69,8 +69,11 @@ def compare(
         label = "paper (arXiv 2604.21106)"
         ref: dict[str, float | None] = {k: PAPER_COEFFICIENTS[k] for k in QUANTITIES}
         ref_ci: dict[str, tuple[float, float] | None] = {"phi": PAPER_PHI_CI, "alpha": None, "beta": None}
-        sd: dict[str, float | None] = {"phi": (PAPER_PHI_CI[1] - PAPER_PHI_CI[0]) / (2 * _Z95), "alpha": 0.0,
-                                       "beta": 0.0}
+        sd: dict[str, float | None] = {
+            "phi": (PAPER_PHI_CI[1] - PAPER_PHI_CI[0]) / (2 * _Z95),
+            "alpha": 0.0,
+            "beta": 0.0,
+        }
         ref_draws = None
     else:
         rname, ref, ref_draws = _draws(reference, reference_variant)
@@ -80,9 +83,17 @@ def compare(
     rows = []
     for k in QUANTITIES:
         mine, theirs = own.get(k), ref.get(k)
-        row: dict[str, Any] = {"quantity": k, "fitted": mine, "fitted_ci": None, "reference": theirs,
-                               "reference_ci": ref_ci.get(k), "difference": None, "difference_ci": None,
-                               "p_value": None, "consistent": None}
+        row: dict[str, Any] = {
+            "quantity": k,
+            "fitted": mine,
+            "fitted_ci": None,
+            "reference": theirs,
+            "reference_ci": ref_ci.get(k),
+            "difference": None,
+            "difference_ci": None,
+            "p_value": None,
+            "consistent": None,
+        }
         d = own_draws[k]
         d = d[np.isfinite(d)]
         if mine is None or theirs is None or not d.size:

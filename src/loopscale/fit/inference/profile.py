@@ -138,9 +138,17 @@ class Profile:
         return float(max(PchipInterpolator(self.phi, self.stat)(phi), 0.0))
 
 
-def _fit_profile(data: LawData, phis: np.ndarray, warm: np.ndarray, bounds: Bounds, loss: str, delta: float,
-                 rng: np.random.Generator, random_starts: int,
-                 weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _fit_profile(
+    data: LawData,
+    phis: np.ndarray,
+    warm: np.ndarray,
+    bounds: Bounds,
+    loss: str,
+    delta: float,
+    rng: np.random.Generator,
+    random_starts: int,
+    weights: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Restricted fits at each of ``phis`` from ``warm`` (k, 6) and random starts, then two passes that
     restart every point from its neighbours' optima (a profile is continuous where the basin is)."""
     m = len(phis)
@@ -160,20 +168,41 @@ def _fit_profile(data: LawData, phis: np.ndarray, warm: np.ndarray, bounds: Boun
 
 
 @single_thread
-def profile(data: LawData, theta_hat: np.ndarray, f_hat: float, bounds: Bounds, *, loss: str, delta: float,
-            seed: int = 0, random_starts: int = 4, step: float = PROFILE_STEP,
-            weights: np.ndarray | None = None) -> Profile:
+def profile(
+    data: LawData,
+    theta_hat: np.ndarray,
+    f_hat: float,
+    bounds: Bounds,
+    *,
+    loss: str,
+    delta: float,
+    seed: int = 0,
+    random_starts: int = 4,
+    step: float = PROFILE_STEP,
+    weights: np.ndarray | None = None,
+) -> Profile:
     """The profile of phi over its whole box (grid ``step``, phi_hat included)."""
     lo, hi = float(bounds.lower[PHI]), float(bounds.upper[PHI])
     phis = np.unique(np.concatenate([np.arange(lo, hi + step / 2, step), [theta_hat[PHI]]]))
     phis = phis[(phis >= lo) & (phis <= hi)]
-    theta, f = _fit_profile(data, phis, np.atleast_2d(theta_hat), bounds, loss, delta,
-                            np.random.default_rng(seed), random_starts, weights)
+    theta, f = _fit_profile(
+        data, phis, np.atleast_2d(theta_hat), bounds, loss, delta, np.random.default_rng(seed), random_starts, weights
+    )
     return Profile(phis, f, theta, float(min(f_hat, np.min(f))))
 
 
-def refine(prof: Profile, data: LawData, around: list[float], bounds: Bounds, *, loss: str, delta: float,
-           half: float = PROFILE_STEP, step: float = PROFILE_FINE, weights: np.ndarray | None = None) -> Profile:
+def refine(
+    prof: Profile,
+    data: LawData,
+    around: list[float],
+    bounds: Bounds,
+    *,
+    loss: str,
+    delta: float,
+    half: float = PROFILE_STEP,
+    step: float = PROFILE_FINE,
+    weights: np.ndarray | None = None,
+) -> Profile:
     """The profile with extra points every ``step`` within ``half`` of each of ``around``."""
     pts = [np.arange(a - half, a + half + step / 2, step) for a in around if np.isfinite(a)]
     if not pts:
@@ -236,8 +265,16 @@ class NullDraws:
         return self.theta_free[:, PHI]
 
 
-def jackknife_residuals(data: LawData, theta_hat: np.ndarray, cells: np.ndarray, bounds: Bounds, *, loss: str,
-                        delta: float, weights: np.ndarray | None = None) -> np.ndarray:
+def jackknife_residuals(
+    data: LawData,
+    theta_hat: np.ndarray,
+    cells: np.ndarray,
+    bounds: Bounds,
+    *,
+    loss: str,
+    delta: float,
+    weights: np.ndarray | None = None,
+) -> np.ndarray:
     """Each run's residual against the law refitted without its (budget, r) cell (log space).
 
     Why: with a dozen cells the six coefficients absorb much of the cell-shared error, so the fitted
@@ -249,16 +286,28 @@ def jackknife_residuals(data: LawData, theta_hat: np.ndarray, cells: np.ndarray,
         W = W * np.asarray(weights, dtype=float)[None]
     free = np.ones(N_THETA, dtype=bool)
     free[PHI] = bool(((data.r > 1) & (data.N_rec > 0)).any())
-    th, _ = lm_batch(np.repeat(np.atleast_2d(theta_hat), len(uniq), axis=0), data, W, bounds, free, loss, delta,
-                     max_iter=300)
+    th, _ = lm_batch(
+        np.repeat(np.atleast_2d(theta_hat), len(uniq), axis=0), data, W, bounds, free, loss, delta, max_iter=300
+    )
     res = residuals(th, data, jac=False)[0]  # (G, n): prediction - observed
     return -res[inv, np.arange(len(data))]
 
 
 @single_thread
-def null_draws(data: LawData, theta_hat: np.ndarray, cells: np.ndarray, v: np.ndarray, bounds: Bounds, *,
-               loss: str, delta: float, seed: int = 0, random_starts: int = 4,
-               errors: str = "jackknife", weights: np.ndarray | None = None) -> NullDraws:
+def null_draws(
+    data: LawData,
+    theta_hat: np.ndarray,
+    cells: np.ndarray,
+    v: np.ndarray,
+    bounds: Bounds,
+    *,
+    loss: str,
+    delta: float,
+    seed: int = 0,
+    random_starts: int = 4,
+    errors: str = "jackknife",
+    weights: np.ndarray | None = None,
+) -> NullDraws:
     """Refit ``B`` wild-bootstrap tables (``v``: (B, n_cells) weights; ``cells``: the cell of each run).
 
     ``errors``: "fit" (the free fit's residuals) or "jackknife" (``jackknife_residuals``)."""
@@ -272,10 +321,16 @@ def null_draws(data: LawData, theta_hat: np.ndarray, cells: np.ndarray, v: np.nd
     st = [np.broadcast_to(theta_hat, (B, 1, N_THETA))]
     if random_starts:
         st.append(bounds.sample(B * random_starts, rng).reshape(B, random_starts, N_THETA))
-    tf, ff = fit_batch(dy, np.concatenate(st, axis=1), bounds, phi_free=True, loss=loss, delta=delta,
-                       weights=weights)
-    tn, fn = fit_batch(dy, np.broadcast_to(theta_hat, (B, 1, N_THETA)).copy(), bounds, phi_free=False,
-                       loss=loss, delta=delta, weights=weights)
+    tf, ff = fit_batch(dy, np.concatenate(st, axis=1), bounds, phi_free=True, loss=loss, delta=delta, weights=weights)
+    tn, fn = fit_batch(
+        dy,
+        np.broadcast_to(theta_hat, (B, 1, N_THETA)).copy(),
+        bounds,
+        phi_free=False,
+        loss=loss,
+        delta=delta,
+        weights=weights,
+    )
     return NullDraws(y, tf, ff, tn, fn)
 
 
@@ -324,10 +379,21 @@ def delta_stat(ref: Profile, var: Profile, d: np.ndarray) -> np.ndarray:
 
 
 @single_thread
-def delta_null(ref_data: LawData, ref: NullDraws, ref_theta: np.ndarray, var_data: LawData, var: NullDraws,
-               var_theta: np.ndarray, bounds: Bounds, *, loss: str, delta: float,
-               iters: int = 14, ref_weights: np.ndarray | None = None,
-               var_weights: np.ndarray | None = None) -> np.ndarray:
+def delta_null(
+    ref_data: LawData,
+    ref: NullDraws,
+    ref_theta: np.ndarray,
+    var_data: LawData,
+    var: NullDraws,
+    var_theta: np.ndarray,
+    bounds: Bounds,
+    *,
+    loss: str,
+    delta: float,
+    iters: int = 14,
+    ref_weights: np.ndarray | None = None,
+    var_weights: np.ndarray | None = None,
+) -> np.ndarray:
     """``T_D*(d_hat)`` per paired bootstrap table: golden-section search over the common shift ``t``
     (``phi_ref = phi_hat_ref + t``, ``phi_v = phi_hat_v + t``) of the sum of the two restricted optima."""
     dr, dv = ref_data.with_y(ref.y), var_data.with_y(var.y)
@@ -337,10 +403,26 @@ def delta_null(ref_data: LawData, ref: NullDraws, ref_theta: np.ndarray, var_dat
     warm_r, warm_v = ref.theta_null.copy(), var.theta_null.copy()
 
     def g(t: np.ndarray) -> np.ndarray:
-        _, fr = fit_batch(dr, _with_phi(warm_r, ref_theta[PHI] + t)[:, None], bounds, phi_free=False,
-                          loss=loss, delta=delta, max_iter=150, weights=ref_weights)
-        _, fv = fit_batch(dv, _with_phi(warm_v, var_theta[PHI] + t)[:, None], bounds, phi_free=False,
-                          loss=loss, delta=delta, max_iter=150, weights=var_weights)
+        _, fr = fit_batch(
+            dr,
+            _with_phi(warm_r, ref_theta[PHI] + t)[:, None],
+            bounds,
+            phi_free=False,
+            loss=loss,
+            delta=delta,
+            max_iter=150,
+            weights=ref_weights,
+        )
+        _, fv = fit_batch(
+            dv,
+            _with_phi(warm_v, var_theta[PHI] + t)[:, None],
+            bounds,
+            phi_free=False,
+            loss=loss,
+            delta=delta,
+            max_iter=150,
+            weights=var_weights,
+        )
         return fr + fv
 
     ratio = (np.sqrt(5) - 1) / 2
@@ -353,12 +435,15 @@ def delta_null(ref_data: LawData, ref: NullDraws, ref_theta: np.ndarray, var_dat
         a = np.where(left, a, x1)
         new = np.where(left, b - ratio * (b - a), a + ratio * (b - a))
         gn = g(new)
-        x1, x2, g1, g2 = (np.where(left, new, x2), np.where(left, x1, new),
-                          np.where(left, gn, g2), np.where(left, g1, gn))
+        x1, x2, g1, g2 = (
+            np.where(left, new, x2),
+            np.where(left, x1, new),
+            np.where(left, gn, g2),
+            np.where(left, g1, gn),
+        )
         best = np.minimum(best, gn)
     mins = np.minimum(ref.f_free, ref.f_null) + np.minimum(var.f_free, var.f_null)
     return np.maximum(best - mins, 0.0)
-
 
 
 # ---- records ----------------------------------------------------------------------------------
@@ -416,8 +501,19 @@ class VariantInference:
     screened: bool = False
 
     @classmethod
-    def run(cls, theta_hat: np.ndarray, f_hat: float, bounds: Bounds, data: LawData, cells: np.ndarray,
-            v: np.ndarray, loss: str, delta: float, seed: int, errors: str = "jackknife") -> VariantInference:
+    def run(
+        cls,
+        theta_hat: np.ndarray,
+        f_hat: float,
+        bounds: Bounds,
+        data: LawData,
+        cells: np.ndarray,
+        v: np.ndarray,
+        loss: str,
+        delta: float,
+        seed: int,
+        errors: str = "jackknife",
+    ) -> VariantInference:
         """From the free fit's optimum (``theta_hat``, objective ``f_hat``, its box ``bounds``)."""
         from loopscale.fit.law.solver import Screen
 
@@ -428,18 +524,29 @@ class VariantInference:
             keep = np.flatnonzero(screen.group >= 0)
             first[screen.group[keep]] = keep
             data, cells, weights = screen.data, cells[first], screen.weights(np.ones(len(data)))[0]
-            f_hat = float(fit_batch(data, np.atleast_2d(theta_hat)[None], bounds, phi_free=True, loss=loss,
-                                    delta=delta, weights=weights)[1][0])
-        null = null_draws(data, theta_hat, cells, v, bounds, loss=loss, delta=delta, seed=seed + 2, errors=errors,
-                          weights=weights)
+            f_hat = float(
+                fit_batch(
+                    data, np.atleast_2d(theta_hat)[None], bounds, phi_free=True, loss=loss, delta=delta, weights=weights
+                )[1][0]
+            )
+        null = null_draws(
+            data, theta_hat, cells, v, bounds, loss=loss, delta=delta, seed=seed + 2, errors=errors, weights=weights
+        )
         prof = profile(data, theta_hat, f_hat, bounds, loss=loss, delta=delta, seed=seed + 3, weights=weights)
         return cls(data, theta_hat, bounds, loss, delta, prof, null, weights, screen is not None)
 
     def interval(self, level: float) -> dict[str, Any]:
         """The profile interval at ``level``; the profile is refined around its ends first (kept)."""
         s = summarise(self.prof.phi, self.prof.stat, self.null.stat, level)
-        self.prof = refine(self.prof, self.data, [x for x, o in zip(s["ci"], s["open"], strict=True) if not o],
-                           self.bounds, loss=self.loss, delta=self.delta, weights=self.weights)
+        self.prof = refine(
+            self.prof,
+            self.data,
+            [x for x, o in zip(s["ci"], s["open"], strict=True) if not o],
+            self.bounds,
+            loss=self.loss,
+            delta=self.delta,
+            weights=self.weights,
+        )
         return summarise(self.prof.phi, self.prof.stat, self.null.stat, level)
 
     def stat_at(self, phi: float, exact: float | None = None) -> float:
@@ -449,8 +556,14 @@ class VariantInference:
             t = min(t, max(float(exact) - self.prof.f_min, 0.0)) if np.isfinite(t) else max(exact - self.prof.f_min, 0)
         return float(t)
 
-    def record(self, level: float, rec: dict[str, Any], boot: dict[str, Any],
-               extra_tests: tuple[float, ...] = (), paper: bool = True) -> dict[str, Any]:
+    def record(
+        self,
+        level: float,
+        rec: dict[str, Any],
+        boot: dict[str, Any],
+        extra_tests: tuple[float, ...] = (),
+        paper: bool = True,
+    ) -> dict[str, Any]:
         """The ``inference`` record of one variant (docs/fit.md, "The inference record")."""
         iv = self.interval(level)
         free_held = (rec.get("checks") or {}).get("held_out")
@@ -464,23 +577,43 @@ class VariantInference:
             t = self.stat_at(x, restricted.get("objective"))
             p = p_value(t, self.null.stat)
             worse = held_out_worse(free_held, restricted.get("held_out"))
-            tests[key] = {"value": x, "stat": t, "p": p, "rejected": p < 1 - level, "held_out_worse": worse,
-                          "ruled_out": bool(p < 1 - level and worse is True)}
+            tests[key] = {
+                "value": x,
+                "stat": t,
+                "p": p,
+                "rejected": p < 1 - level,
+                "held_out_worse": worse,
+                "ruled_out": bool(p < 1 - level and worse is True),
+            }
         draws = np.asarray(boot.get("draws", {}).get("phi", []), dtype=float)
-        secondary = {"method": "percentile block bootstrap over (budget, r) cells", "n": int(boot.get("n") or 0),
-                     "ci": boot.get("ci", {}).get("phi"), "mc_sd": percentile_mc_sd(draws, level) if draws.size
-                     else None}
+        secondary = {
+            "method": "percentile block bootstrap over (budget, r) cells",
+            "n": int(boot.get("n") or 0),
+            "ci": boot.get("ci", {}).get("phi"),
+            "mc_sd": percentile_mc_sd(draws, level) if draws.size else None,
+        }
         nul = self.null
         return {
-            "phi": {"estimate": float(self.theta_hat[PHI]), "ci": iv["ci"], "level": level,
-                    "method": METHOD + ("; on the table's design points (seed means)" if self.screened else ""),
-                    "open": iv["open"], "disjoint": iv["disjoint"], "mc_sd": iv["mc_sd"],
-                    "critical_value": iv["critical_value"]},
+            "phi": {
+                "estimate": float(self.theta_hat[PHI]),
+                "ci": iv["ci"],
+                "level": level,
+                "method": METHOD + ("; on the table's design points (seed means)" if self.screened else ""),
+                "open": iv["open"],
+                "disjoint": iv["disjoint"],
+                "mc_sd": iv["mc_sd"],
+                "critical_value": iv["critical_value"],
+            },
             "tests": tests,
             "secondary": secondary,
-            "null": {"n": len(nul.stat), "unit": "cell (budget, r)", "weights": "webb", "stat": nul.stat.tolist(),
-                     "phi_percentile_ci": list(percentile_ci(nul.phi, level)),
-                     "at_bounds_fraction": float(np.mean(at_bounds(nul.theta_free, self.bounds).any(axis=1)))},
+            "null": {
+                "n": len(nul.stat),
+                "unit": "cell (budget, r)",
+                "weights": "webb",
+                "stat": nul.stat.tolist(),
+                "phi_percentile_ci": list(percentile_ci(nul.phi, level)),
+                "at_bounds_fraction": float(np.mean(at_bounds(nul.theta_free, self.bounds).any(axis=1))),
+            },
             "profile": {"phi": self.prof.phi.tolist(), "stat": self.prof.stat.tolist()},
         }
 
@@ -504,16 +637,28 @@ def at_bounds(theta: np.ndarray, bounds: Bounds) -> np.ndarray:
     return (theta <= bounds.lower + 1e-6 * span) | (theta >= bounds.upper - 1e-6 * span)
 
 
-def delta_record(ref: VariantInference, var: VariantInference, level: float,
-                 paired_draws: np.ndarray | None = None) -> dict[str, Any]:
+def delta_record(
+    ref: VariantInference, var: VariantInference, level: float, paired_draws: np.ndarray | None = None
+) -> dict[str, Any]:
     """Delta-phi = phi_v - phi_ref: profile interval and the test of Delta-phi = 0, calibrated by the paired
     wild bootstrap (``delta_null``); the block bootstrap's paired percentile interval is secondary."""
     d_hat = float(var.theta_hat[PHI] - ref.theta_hat[PHI])
     span = float(ref.bounds.upper[PHI] - ref.bounds.lower[PHI])
     d = np.unique(np.concatenate([np.arange(-span, span + PROFILE_STEP / 2, PROFILE_STEP / 2), [d_hat, 0.0]]))
     stat = delta_stat(ref.prof, var.prof, d)
-    null = delta_null(ref.data, ref.null, ref.theta_hat, var.data, var.null, var.theta_hat, ref.bounds,
-                      loss=ref.loss, delta=ref.delta, ref_weights=ref.weights, var_weights=var.weights)
+    null = delta_null(
+        ref.data,
+        ref.null,
+        ref.theta_hat,
+        var.data,
+        var.null,
+        var.theta_hat,
+        ref.bounds,
+        loss=ref.loss,
+        delta=ref.delta,
+        ref_weights=ref.weights,
+        var_weights=var.weights,
+    )
     iv = summarise(d, stat, null, level)
     fine = np.concatenate([np.arange(x - PROFILE_STEP, x + PROFILE_STEP, PROFILE_FINE) for x in iv["ci"]])
     d = np.unique(np.concatenate([d, fine]))
@@ -523,11 +668,19 @@ def delta_record(ref: VariantInference, var: VariantInference, level: float,
     p = p_value(t0, null)
     draws = np.asarray(paired_draws if paired_draws is not None else [], dtype=float)
     return {
-        "estimate": d_hat, "ci": iv["ci"], "level": level, "method": METHOD, "open": iv["open"],
-        "disjoint": iv["disjoint"], "mc_sd": iv["mc_sd"], "critical_value": iv["critical_value"],
+        "estimate": d_hat,
+        "ci": iv["ci"],
+        "level": level,
+        "method": METHOD,
+        "open": iv["open"],
+        "disjoint": iv["disjoint"],
+        "mc_sd": iv["mc_sd"],
+        "critical_value": iv["critical_value"],
         "tests": {"delta_phi=0": {"value": 0.0, "stat": t0, "p": p, "rejected": p < 1 - level}},
-        "secondary": {"method": "paired percentile block bootstrap",
-                      "ci": list(percentile_ci(draws, level)) if draws.size else None,
-                      "mc_sd": percentile_mc_sd(draws, level) if draws.size else None},
+        "secondary": {
+            "method": "paired percentile block bootstrap",
+            "ci": list(percentile_ci(draws, level)) if draws.size else None,
+            "mc_sd": percentile_mc_sd(draws, level) if draws.size else None,
+        },
         "null": {"n": len(null)},
     }

@@ -50,8 +50,9 @@ class SharedFit:
 
 
 @single_thread
-def fit_shared(ref: pd.DataFrame, var: pd.DataFrame, law: JointLaw,
-               bounds: tuple[float, float] = DELTA_BOUNDS) -> SharedFit:
+def fit_shared(
+    ref: pd.DataFrame, var: pd.DataFrame, law: JointLaw, bounds: tuple[float, float] = DELTA_BOUNDS
+) -> SharedFit:
     """The shared law on the reference's runs and the variant's own runs (its shared r = 1 runs are the
     reference's, so they enter once)."""
     from scipy.optimize import minimize_scalar
@@ -61,8 +62,17 @@ def fit_shared(ref: pd.DataFrame, var: pd.DataFrame, law: JointLaw,
     data = LawData.from_frame(df)
     b = law.bounds()
     free = np.ones(len(b.lower), dtype=bool)
-    first = multistart(_scaled(data, is_var, 0.0), bounds=b, fixed_phi=None, loss=law.loss, delta=law.delta,
-                       restarts=law.restarts, polish=4, advance=16, seed=law.seed)
+    first = multistart(
+        _scaled(data, is_var, 0.0),
+        bounds=b,
+        fixed_phi=None,
+        loss=law.loss,
+        delta=law.delta,
+        restarts=law.restarts,
+        polish=4,
+        advance=16,
+        seed=law.seed,
+    )
     fixed = np.vstack([[m.theta for m in first], b.sample(12, np.random.default_rng(law.seed + 5))])
     warm = [first[0].theta]
     ones = np.ones((1, len(data)))
@@ -78,23 +88,32 @@ def fit_shared(ref: pd.DataFrame, var: pd.DataFrame, law: JointLaw,
     d = float(res.x)
     best = polish_lbfgsb(warm[-1], _scaled(data, is_var, d), ones[0], b, free, law.loss, law.delta)
     span = bounds[1] - bounds[0]
-    return SharedFit(delta_phi=d, phi=float(theta_to_params(best.theta)["phi"]), theta=best.theta,
-                     objective=float(best.objective), converged=bool(best.converged),
-                     at_bound=min(d - bounds[0], bounds[1] - d) < 1e-3 * span)
+    return SharedFit(
+        delta_phi=d,
+        phi=float(theta_to_params(best.theta)["phi"]),
+        theta=best.theta,
+        objective=float(best.objective),
+        converged=bool(best.converged),
+        at_bound=min(d - bounds[0], bounds[1] - d) < 1e-3 * span,
+    )
 
 
 def _predict(theta: np.ndarray, df: pd.DataFrame, d: float = 0.0) -> np.ndarray:
     r = df["r"].to_numpy(dtype=float)
-    return predict(theta, df["N_once"].to_numpy(float), df["N_rec"].to_numpy(float) * r ** d,
-                   df["D"].to_numpy(float), r)
+    return predict(theta, df["N_once"].to_numpy(float), df["N_rec"].to_numpy(float) * r**d, df["D"].to_numpy(float), r)
 
 
 def held_out(ref: pd.DataFrame, var: pd.DataFrame, law: JointLaw) -> dict[str, Any]:
     """Leave-one-variant-cell-out RMSE (nats) of the shared and the separate readings, and which is better."""
     cells = sorted({(float(c), int(r)) for c, r in zip(var["C"], var["r"], strict=True)})
     if len(cells) < 2:
-        return {"cells": len(cells), "shared_rmse": None, "separate_rmse": None, "supported": None,
-                "note": "fewer than two variant cells: no held-out test"}
+        return {
+            "cells": len(cells),
+            "shared_rmse": None,
+            "separate_rmse": None,
+            "supported": None,
+            "note": "fewer than two variant cells: no held-out test",
+        }
     quick = law.clone(restarts=max(20, law.restarts // 5))
     per_cell: list[tuple[float, float, int]] = []  # summed squared errors of each reading, runs in the cell
     for c, r in cells:
@@ -102,24 +121,39 @@ def held_out(ref: pd.DataFrame, var: pd.DataFrame, law: JointLaw) -> dict[str, A
         train, test = var[~out], var[out]
         own = pd.concat([ref[ref["r"] == 1], train], ignore_index=True)  # the variant's own law (with r = 1)
         if len(own) <= 6:
-            return {"cells": len(cells), "shared_rmse": None, "separate_rmse": None, "supported": None,
-                    "note": "too few runs to refit the variant's own law with a cell left out"}
+            return {
+                "cells": len(cells),
+                "shared_rmse": None,
+                "separate_rmse": None,
+                "supported": None,
+                "note": "too few runs to refit the variant's own law with a cell left out",
+            }
         sh = fit_shared(ref, train, quick)
         sep = quick.clone().fit(own)
         y = test["val_loss"].to_numpy(float)
-        per_cell.append((float(np.sum((_predict(sh.theta, test, sh.delta_phi) - y) ** 2)),
-                         float(np.sum((sep.predict(test) - y) ** 2)), len(test)))
+        per_cell.append(
+            (
+                float(np.sum((_predict(sh.theta, test, sh.delta_phi) - y) ** 2)),
+                float(np.sum((sep.predict(test) - y) ** 2)),
+                len(test),
+            )
+        )
     e_sh, e_sep, n = (np.array(col, dtype=float) for col in zip(*per_cell, strict=True))
     shared_rmse, sep_rmse = float(np.sqrt(e_sh.sum() / n.sum())), float(np.sqrt(e_sep.sum() / n.sum()))
     diff = e_sh - e_sep  # per held-out cell: how much worse the shared reading predicts it
     se = float(np.std(diff, ddof=1) / np.sqrt(len(diff)))
     worse = float(np.mean(diff)) > 2 * se
-    return {"cells": len(cells), "shared_rmse": shared_rmse, "separate_rmse": sep_rmse,
-            "mean_excess_sq_error": float(np.mean(diff)), "se": se,
-            "supported": "separate" if worse else "shared",
-            "note": "leave-one-variant-cell-out errors; 'separate' when the shared law predicts the held-out cells "
-                    "worse by more than 2 standard errors of the per-cell difference, else 'shared' (the "
-                    "simpler reading is not contradicted)"}
+    return {
+        "cells": len(cells),
+        "shared_rmse": shared_rmse,
+        "separate_rmse": sep_rmse,
+        "mean_excess_sq_error": float(np.mean(diff)),
+        "se": se,
+        "supported": "separate" if worse else "shared",
+        "note": "leave-one-variant-cell-out errors; 'separate' when the shared law predicts the held-out cells "
+        "worse by more than 2 standard errors of the per-cell difference, else 'shared' (the "
+        "simpler reading is not contradicted)",
+    }
 
 
 def shared_record(ref: pd.DataFrame, var: pd.DataFrame, law: JointLaw, *, checks: bool = True) -> dict[str, Any]:
@@ -127,10 +161,15 @@ def shared_record(ref: pd.DataFrame, var: pd.DataFrame, law: JointLaw, *, checks
     fit = fit_shared(ref, var, law)
     rec: dict[str, Any] = {
         "assumption": "the variant shares E, A, alpha, B, beta with the reference and differs only in phi",
-        "delta_phi": fit.delta_phi, "phi_reference": fit.phi, "phi_variant": fit.phi + fit.delta_phi,
-        "objective": fit.objective, "converged": fit.converged, "at_bound": fit.at_bound,
-        "interval": None, "interval_note": "not calibrated for the shared reading; quote the separate fits' "
-                                           "calibrated interval (delta_phi[i].ci) where this reading is supported",
+        "delta_phi": fit.delta_phi,
+        "phi_reference": fit.phi,
+        "phi_variant": fit.phi + fit.delta_phi,
+        "objective": fit.objective,
+        "converged": fit.converged,
+        "at_bound": fit.at_bound,
+        "interval": None,
+        "interval_note": "not calibrated for the shared reading; quote the separate fits' "
+        "calibrated interval (delta_phi[i].ci) where this reading is supported",
     }
     rec["held_out"] = held_out(ref, var, law) if checks else None
     return rec
@@ -168,6 +207,12 @@ def loss_gap(ref: pd.DataFrame, var: pd.DataFrame, level: float = 0.95) -> dict[
     q = float(stats.t.ppf(0.5 + level / 2, n - 1))
     per_budget = pairs.groupby("C", sort=True)["diff"].mean()
     n_runs = int(pairs["n_seeds"].sum()) if seed_means else len(pairs)  # the variant's runs behind the pairs
-    return {"mean": mean, "ci": [mean - q * se, mean + q * se], "level": level, "n_runs": n_runs,
-            "n_cells": n, "per_budget": {f"{c:.6g}": float(v) for c, v in per_budget.items()},
-            "lower_in_cells": float(np.mean(per_cell.to_numpy() < 0))}
+    return {
+        "mean": mean,
+        "ci": [mean - q * se, mean + q * se],
+        "level": level,
+        "n_runs": n_runs,
+        "n_cells": n,
+        "per_budget": {f"{c:.6g}": float(v) for c, v in per_budget.items()},
+        "lower_in_cells": float(np.mean(per_cell.to_numpy() < 0)),
+    }

@@ -115,8 +115,7 @@ def data_rule(df: Any, *, phi_free: bool = True, reference_r: int | None = None)
     if 1 not in widths:
         if len(looped_rs) == 1:
             out.reasons.append(
-                f"one looped r ({looped_rs[0]}) and no r = 1 runs: r^φ only rescales N_rec, so φ is confounded "
-                "with A"
+                f"one looped r ({looped_rs[0]}) and no r = 1 runs: r^φ only rescales N_rec, so φ is confounded with A"
             )
             out.warnings.append(
                 f"phi is NOT identifiable: one looped r ({looped_rs[0]}) and no r = 1 runs; phi is confounded "
@@ -162,7 +161,7 @@ class Verdict:
 
     @property
     def sentence(self) -> str:
-        """"resolved ..." or "not resolved, because ..." (the words `fit`, `plan` and `--json` print)."""
+        """ "resolved ..." or "not resolved, because ..." (the words `fit`, `plan` and `--json` print)."""
         if not self.resolved:
             return "not resolved, because " + "; ".join(self.reasons)
         if self.ci is None:
@@ -170,10 +169,20 @@ class Verdict:
         return f"resolved: sound fit, {self.ci_level:.0%} interval {self.ci_width:.2f} wide (< {MAX_CI_WIDTH:g})"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"variant": self.variant, "resolved": self.resolved, "identified": self.resolved,
-                "verdict": self.sentence, "label": self.label, "phi": self.phi, "ci": self.ci,
-                "ci_level": self.ci_level, "method": self.method, "reasons": self.reasons, "caveats": self.caveats,
-                "claims": self.claims}
+        return {
+            "variant": self.variant,
+            "resolved": self.resolved,
+            "identified": self.resolved,
+            "verdict": self.sentence,
+            "label": self.label,
+            "phi": self.phi,
+            "ci": self.ci,
+            "ci_level": self.ci_level,
+            "method": self.method,
+            "reasons": self.reasons,
+            "caveats": self.caveats,
+            "claims": self.claims,
+        }
 
 
 def finite_or_none(x: Any) -> float | None:
@@ -245,16 +254,19 @@ def phi_verdict(fit: Any, variant: str | None = None) -> Verdict:
     else:
         width = ci[1] - ci[0]
         if width > MAX_CI_WIDTH:
-            reasons.append(f"the {level:.0%} interval is {width:.2f} wide (> {MAX_CI_WIDTH}): "
-                           f"[{ci[0]:.2f}, {ci[1]:.2f}]")
+            reasons.append(
+                f"the {level:.0%} interval is {width:.2f} wide (> {MAX_CI_WIDTH}): [{ci[0]:.2f}, {ci[1]:.2f}]"
+            )
         elif width <= 1e-9 * max(1.0, abs(phi)):
             reasons.append("the interval has zero width: the law passes through every run (too few runs for one)")
         tol = 1e-3 * span
         if ci[0] <= lo_b + tol or ci[1] >= hi_b - tol:
             reasons.append(f"the interval reaches a bound of φ's box [{lo_b:g}, {hi_b:g}]")
     if method == "percentile bootstrap" and boot.n:
-        caveats.append("the interval is the percentile bootstrap's (a fit file without the calibrated inference; "
-                       "refit for the profile-likelihood interval and tests)")
+        caveats.append(
+            "the interval is the percentile bootstrap's (a fit file without the calibrated inference; "
+            "refit for the profile-likelihood interval and tests)"
+        )
     n_boot = int(boot.n or 0)
     undet = boot.phi_undetermined_draws
     if n_boot and undet and undet / n_boot > MAX_UNDETERMINED_SHARE:
@@ -271,8 +283,9 @@ def phi_verdict(fit: Any, variant: str | None = None) -> Verdict:
     if reasons:
         return Verdict(name, False, NOT_IDENTIFIED, phi, ci, level, reasons, caveats, method, said)
     if ci is None:
-        return Verdict(name, True, f"φ = {phi_txt(phi)} (uncertainty not estimated)", phi, None, level, [], caveats,
-                       method, said)
+        return Verdict(
+            name, True, f"φ = {phi_txt(phi)} (uncertainty not estimated)", phi, None, level, [], caveats, method, said
+        )
     return Verdict(name, True, f"φ = {phi_ci(phi, ci)}", phi, ci, level, [], caveats, method, said)
 
 
@@ -291,14 +304,18 @@ def fit_caveats(rec: Any, inf: Any) -> list[str]:
     mc = [x for x in ((inf.get("phi") or {}).get("mc_sd") or []) if finite_or_none(x) is not None]
     if mc and max(mc) > MAX_MC_SD:
         n = int((inf.get("null") or {}).get("n") or 0)
-        out.append(f"the interval's ends carry a Monte-Carlo sd of up to {max(mc):.3f} from {n} bootstrap tables "
-                   "(a flat profile there); another --seed moves them by about that, more --lr-draws less")
+        out.append(
+            f"the interval's ends carry a Monte-Carlo sd of up to {max(mc):.3f} from {n} bootstrap tables "
+            "(a flat profile there); another --seed moves them by about that, more --lr-draws less"
+        )
     if (inf.get("phi") or {}).get("disjoint"):
         out.append("the profile interval is more than one piece (the profile has several dips); it gives their hull")
     share = finite_or_none((inf.get("null") or {}).get("at_bounds_fraction"))
     if share is not None and share > MAX_AT_BOUNDS_SHARE:
-        out.append(f"in {share:.0%} of the wild-bootstrap refits a coefficient sits at its box bound: the law's "
-                   "other coefficients are poorly pinned at this scale")
+        out.append(
+            f"in {share:.0%} of the wild-bootstrap refits a coefficient sits at its box bound: the law's "
+            "other coefficients are poorly pinned at this scale"
+        )
     boot = rec.bootstrap
     at = boot.at_bounds or None
     if at and boot.n:
@@ -307,18 +324,24 @@ def fit_caveats(rec: Any, inf: Any) -> list[str]:
             out.append(f"block-bootstrap draws at a box bound, of {boot.n}: {named}")
     a_ci = boot.ci_of("A")
     if a_ci and a_ci[0] > 0 and a_ci[1] > 0 and np.log10(a_ci[1] / a_ci[0]) > MAX_A_DECADES:
-        out.append(f"A's interval spans {np.log10(a_ci[1] / a_ci[0]):.0f} orders of magnitude (A and α trade off): "
-                   "the size term is not determined, only its effect on the runs fitted")
+        out.append(
+            f"A's interval spans {np.log10(a_ci[1] / a_ci[0]):.0f} orders of magnitude (A and α trade off): "
+            "the size term is not determined, only its effect on the runs fitted"
+        )
     broken = boot.data_rule_draws or None
     if broken and boot.n and (broken.get("no_r1") or broken.get("missing_r")):
-        out.append(f"of the block bootstrap's {boot.n} draws, {broken.get('no_r1', 0)} have no r = 1 cell and "
-                   f"{broken.get('missing_r', 0)} lack some r: its percentile interval (secondary) rests partly on "
-                   "tables that cannot identify φ")
+        out.append(
+            f"of the block bootstrap's {boot.n} draws, {broken.get('no_r1', 0)} have no r = 1 cell and "
+            f"{broken.get('missing_r', 0)} lack some r: its percentile interval (secondary) rests partly on "
+            "tables that cannot identify φ"
+        )
     rm = {int(k): x for k, v in (rec.metrics.rmse_per_r or {}).items() if (x := finite_or_none(v)) is not None}
     looped = [v for k, v in rm.items() if k > 1]
     if 1 in rm and looped and rm[1] > MAX_R1_RMSE_RATIO * max(looped):
-        out.append(f"the r = 1 runs fit {rm[1] / max(looped):.1f}× worse than the looped ones (RMSE {rm[1]:.3f} vs "
-                   f"{min(looped):.3f}–{max(looped):.3f}): the law's r = 1 anchor, against which φ is read, is poor")
+        out.append(
+            f"the r = 1 runs fit {rm[1] / max(looped):.1f}× worse than the looped ones (RMSE {rm[1]:.3f} vs "
+            f"{min(looped):.3f}–{max(looped):.3f}): the law's r = 1 anchor, against which φ is read, is poor"
+        )
     return out
 
 
@@ -346,8 +369,11 @@ def claims(rec: Any, level: float, *, resolved: bool) -> list[str]:
         elif t.get("ruled_out"):
             out.append(f"rules out {what} ({ptxt(p)} < {alpha:g}; a law with it also predicts held-out runs worse)")
         elif t.get("rejected"):
-            why = ("it predicts held-out runs as well or better" if t.get("held_out_worse") is False
-                   else "no held-out check ran for it")
+            why = (
+                "it predicts held-out runs as well or better"
+                if t.get("held_out_worse") is False
+                else "no held-out check ran for it"
+            )
             out.append(f"cannot tell {what} apart from the fit: the test rejects it ({ptxt(p)}), but {why}")
         else:
             out.append(f"cannot tell {what} apart from the fit ({ptxt(p)} ≥ {alpha:g})")

@@ -78,8 +78,14 @@ def validate_settings(
 ) -> None:
     """The one check of a law's settings (``JointLaw.fit`` and ``FitSettings.validate`` both call it);
     ``names`` maps a setting to the name the user typed (a CLI flag), for the error message."""
-    name = {"loss": "loss", "delta": "delta", "phi_bounds": "phi_bounds", "restarts": "restarts",
-            "polish": "polish", **(names or {})}
+    name = {
+        "loss": "loss",
+        "delta": "delta",
+        "phi_bounds": "phi_bounds",
+        "restarts": "restarts",
+        "polish": "polish",
+        **(names or {}),
+    }
     if loss not in LOSSES:
         raise ConfigError(name["loss"], f"unknown objective; expected one of {', '.join(LOSSES)}", value=loss)
     if not delta > 0:
@@ -261,8 +267,10 @@ class JointLaw(EstimatorParams):
         # phi_ is None when the data cannot determine it (r = 1 only): the law is then Chinchilla's.
         self.phi_ = p["phi"] if fitted_phi or self.phi is not None else None
         self.phi_state_ = (
-            PhiState.UNDETERMINED if self.phi_ is None
-            else PhiState.FIXED if self.phi is not None
+            PhiState.UNDETERMINED
+            if self.phi_ is None
+            else PhiState.FIXED
+            if self.phi is not None
             else PhiState.ESTIMATED
         )
         self.params_ = {**p, "phi": self.phi_}

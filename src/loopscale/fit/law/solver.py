@@ -318,8 +318,15 @@ class Screen:
     def of(cls, data: LawData, limit: int = SCREEN_ROWS) -> Screen | None:
         if len(data) <= limit:
             return None
-        key = np.stack([data.r, np.round(np.log(data.N_once + 1.0), 9), np.round(np.log(data.N_rec + 1.0), 9),
-                        np.round(data.log_D, 9)], axis=1)
+        key = np.stack(
+            [
+                data.r,
+                np.round(np.log(data.N_once + 1.0), 9),
+                np.round(np.log(data.N_rec + 1.0), 9),
+                np.round(data.log_D, 9),
+            ],
+            axis=1,
+        )
         _, first, group = np.unique(key, axis=0, return_index=True, return_inverse=True)
         group = group.ravel()
         m = len(first)

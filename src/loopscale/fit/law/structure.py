@@ -92,8 +92,18 @@ class LoopTaxLaw(EstimatorParams):
             self._set(law, 0.0, data)
             return self
         bounds, free = law.bounds().pin_phi(law.phi)
-        first = multistart(data, bounds=bounds, fixed_phi=law.phi, loss=law.loss, delta=law.delta,
-                           restarts=law.restarts, polish=4, advance=16, seed=law.seed, extra_starts=extra_starts)
+        first = multistart(
+            data,
+            bounds=bounds,
+            fixed_phi=law.phi,
+            loss=law.loss,
+            delta=law.delta,
+            restarts=law.restarts,
+            polish=4,
+            advance=16,
+            seed=law.seed,
+            extra_starts=extra_starts,
+        )
         # The same starts at every s (the basins of s = 0, 12 fixed random points, the last optimum), so the
         # profile is a function of s alone and can switch basins as s moves (a tax moves phi a lot).
         fixed = np.vstack([[m.theta for m in first], bounds.sample(12, np.random.default_rng(law.seed + 3))])
