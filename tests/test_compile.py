@@ -10,10 +10,10 @@ import torch
 
 from conftest import TINY_MODEL, spawn_ranks
 from loopscale.config import ModelConfig
-from loopscale.config.train import RunConfig
 from loopscale.errors import ConfigError
 from loopscale.model import LoopedLM
 from loopscale.train.compiling import WholeModel, compile_for_training, resolved_mode, use_cache_dir
+from loopscale.train.settings import RunConfig
 
 
 def test_auto_compiles_the_whole_model_on_cuda_and_nothing_on_cpu() -> None:

@@ -112,6 +112,29 @@ def test_no_module_of_loopscale_imports_itself_in_a_circle() -> None:
     assert _cycles(import_graph()) == []
 
 
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The graph between loopscale's top-level packages and modules (``loopscale.fit.law.joint`` is ``fit``)."""
+
+    def top(mod: str) -> str:
+        return ".".join(mod.split(".")[:2])
+
+    out: dict[str, set[str]] = {}
+    for mod, targets in graph.items():
+        out.setdefault(top(mod), set()).update(top(t) for t in targets if top(t) not in (top(mod), "loopscale"))
+    return out
+
+
+def test_the_packages_are_layered_without_a_circle() -> None:
+    """No circle between packages either (each one sits above what it imports): e.g. ``config`` holds the data-only
+    configs below ``accounting``, and the training config that computes through accounting is ``train``'s."""
+    packages = package_graph(import_graph())
+    assert _cycles(packages) == []
+    assert "loopscale.accounting" not in packages["loopscale.config"]
+    assert not packages["loopscale.record"]
+    forbidden = {"loopscale.sweep", "loopscale.train", "loopscale.model", "loopscale.eval", "loopscale.report"}
+    assert not packages["loopscale.fit"] & forbidden  # the fit: tables and numbers, below what produces them
+
+
 def test_no_import_runs_up_into_the_cli() -> None:
     graph = import_graph()
     up = sorted(
@@ -151,6 +174,8 @@ def test_the_model_imports_nothing_above_it() -> None:
 def test_a_circle_or_an_upward_import_would_be_seen() -> None:
     """The checks themselves: a made-up circle is found."""
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    made_up = {"loopscale.x.a": {"loopscale.y.b"}, "loopscale.y.b": {"loopscale.y.c"}, "loopscale.y.c": {"loopscale.x"}}
+    assert _cycles(package_graph(made_up)) == [["loopscale.x", "loopscale.y"]]
 
 
 def test_no_module_imports_another_modules_private_names() -> None:

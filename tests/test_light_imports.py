@@ -15,7 +15,7 @@ LIGHT_MODULES = (
     "loopscale.config",
     "loopscale.config.data",
     "loopscale.optim",
-    "loopscale.config.train",
+    "loopscale.train.settings",
     "loopscale.sweep.spec",
     "loopscale.sweep.plan",
     "loopscale.fit",

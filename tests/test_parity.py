@@ -26,10 +26,10 @@ from safetensors.torch import load_file
 
 from loopscale import accounting
 from loopscale.config import ModelConfig
-from loopscale.config.train import RunConfig, TrainConfig
 from loopscale.model import LoopedLM
 from loopscale.model.paper_compat import model_config_from_paper, state_dict_from_paper
 from loopscale.optim import OptimConfig, build_optimizers
+from loopscale.train.settings import RunConfig, TrainConfig
 
 FIXTURES = Path(__file__).parent / "fixtures" / "parity"
 CASES: dict[str, dict[str, Any]] = json.loads((FIXTURES / "cases.json").read_text())["cases"]

@@ -138,7 +138,7 @@ def test_an_export_of_a_technique_run_is_refused_in_one_line(tmp_path: Path) -> 
     import tomli_w
     from safetensors.torch import save_file
 
-    from loopscale.config.train import TrainConfig
+    from loopscale.train.settings import TrainConfig
 
     run = tmp_path / "run"
     run.mkdir()

@@ -189,7 +189,7 @@ def test_info_and_train_resolve_the_same_config(tmp_path, capsys) -> None:
 
     from loopscale.accounting import train_flops_per_token
     from loopscale.cli.info import config_run
-    from loopscale.config.train import describe_length
+    from loopscale.train.settings import describe_length
 
     partial = tmp_path / "partial.toml"  # a partial [model]: the defaults decide the layout
     partial.write_text("[model]\nr = 2\n[run]\nsteps = 30\n")

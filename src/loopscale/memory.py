@@ -90,7 +90,7 @@ from loopscale.config import ModelConfig
 from loopscale.model.chunks import chunk_rows, mlp_chunk_rows  # the model's chunk sizes
 
 if TYPE_CHECKING:
-    from loopscale.config.train import TrainConfig
+    from loopscale.train.settings import TrainConfig
 
 MARGIN_FRACTION = 0.10  # of a GPU: allocator fragmentation, cuBLAS and attention workspaces
 MARGIN_BYTES = 2**30  # the CUDA context and NCCL buffers, outside torch's allocator

@@ -52,7 +52,7 @@ def _probe_table() -> Table:
 
 def _train_config(data: dict[str, Any], budget: float | None, tokens_per_step: int | None, source: str) -> Any:
     """The run a config (plus --budget / --tokens-per-step) describes, for its learning rates."""
-    from loopscale.config.train import train_config_from_dict
+    from loopscale.train.settings import train_config_from_dict
 
     tables = {k: dict(v) for k, v in data.items() if k in ("model", "data", "optim", "run") and isinstance(v, dict)}
     run = tables.setdefault("run", {})
@@ -73,7 +73,7 @@ TABLES = ("model", "data", "optim", "run")
 def config_run(config: Path, set_: list[str], budget: float | None, tokens_per_step: int | None) -> Any:
     """The TrainConfig `loopscale train CONFIG --set ...` resolves (``train_config_from_dict``, its defaults),
     with --budget replacing the run's length and --tokens-per-step its batch; a bare [model] table is allowed."""
-    from loopscale.config.train import config_source, train_config_from_dict
+    from loopscale.train.settings import config_source, train_config_from_dict
 
     data = load_mapping(config)
     if not set(data) & set(TABLES) and set(data) <= set(ModelConfig.model_fields):
@@ -164,7 +164,7 @@ def info(
         tcfg = config_run(config, set_, budget, tokens_per_step)
         cfg = tcfg.model
         lr_fields = _lr_fields(tcfg)
-        from loopscale.config.train import describe_length
+        from loopscale.train.settings import describe_length
 
         compute = tcfg.run.budget or describe_length(tcfg)["flops"]  # a steps / tokens run: its FLOPs
         rows = [accounting.account(cfg, budget=compute, tokens_per_step=tcfg.tokens_per_step)]
@@ -178,7 +178,7 @@ def info(
         cfg = validate(ModelConfig, data["model"], source="--set", prefix="model")
         run: dict[str, Any] = data["run"] if isinstance(data.get("run"), dict) else {}
         if budget is not None or any(k in run for k in ("budget", "tokens", "steps")):
-            from loopscale.config.train import DEFAULT_MODEL
+            from loopscale.train.settings import DEFAULT_MODEL
 
             # the model validated above, whole: the trainer's own defaults (DEFAULT_MODEL, r = 4) must not
             # fill what ModelConfig's defaults already decided, or the lr line describes another run

@@ -48,10 +48,10 @@ def train(
     """Train one looped model; rerunning the same command resumes an interrupted run."""
     import tomli_w
 
-    from loopscale.config.train import config_source, describe_length
     from loopscale.train import load_train_config
     from loopscale.train.loop import train as run_training
     from loopscale.train.rundir import default_run_dir
+    from loopscale.train.settings import config_source, describe_length
 
     cfg = load_train_config(config, set_)
     if print_config:

@@ -1,10 +1,11 @@
 """Typed configuration. Every field is named as in the paper (arXiv 2604.21106); errors name the field.
 
-One module per table of a training config: this one holds the machinery every config uses (``StrictModel``,
-``validate``, ``apply_overrides``, ``load_mapping``) and ``ModelConfig`` (``[model]``, which ``accounting``
-and ``model`` build on); ``config.data`` holds ``[data]``, ``config.optim`` ``[optim]`` and ``config.train``
-``[run]`` and the whole ``TrainConfig``. The sweep spec's tables are ``sweep.spec``'s, the fit's ``[fit]``
-table ``fit.settings``'. Shipped presets are TOML files in ``loopscale/presets/`` (presets/README.md).
+The configs that are data only, one per table: this module holds the machinery every config uses
+(``StrictModel``, ``validate``, ``apply_overrides``, ``load_mapping``) and ``ModelConfig`` (``[model]``, which
+``accounting`` and ``model`` build on); ``config.data`` holds ``[data]``, ``config.optim`` ``[optim]``. The
+configs that compute from them live with their stage, above ``accounting``: ``train.settings`` (``[run]`` and
+the whole ``TrainConfig``: steps and tokens from a budget), ``fit.settings`` (``FitSettings``, the spec's
+``[fit]``), ``sweep.spec``. Shipped presets are TOML files in ``loopscale/presets/`` (presets/README.md).
 """
 
 from __future__ import annotations

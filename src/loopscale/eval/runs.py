@@ -230,10 +230,10 @@ def evaluate_run(
 
     from loopscale.config import load_mapping, validate
     from loopscale.config.data import DataConfig
-    from loopscale.config.train import TrainConfig
     from loopscale.io import atomic_write_json
     from loopscale.train.checkpoint import CONFIG
     from loopscale.train.hardware import autocast, resolved_dtype
+    from loopscale.train.settings import TrainConfig
 
     if dtype not in ("auto", "float32", "bfloat16"):
         raise ConfigError("--dtype", "expected auto, float32 or bfloat16", value=dtype)

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from loopscale import accounting, memory
-from loopscale.config.train import TrainConfig
 from loopscale.io import atomic_write_json
+from loopscale.train.settings import TrainConfig
 
 RUN_OVERHEAD_S = 1.5  # data load from the cache, model build, final save (CPU, measured on the demo)
 SLOT_START_S = 6.0  # a CPU slot's worker starting: torch and torch._dynamo imports (2 cores, bench/RESULTS.md)

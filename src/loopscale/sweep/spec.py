@@ -35,10 +35,10 @@ from typing import Any, Literal
 from pydantic import Field
 
 from loopscale.config import ModelConfig, StrictModel, apply_overrides, load_mapping, validate
-from loopscale.config.train import TrainConfig, train_config_from_dict
 from loopscale.errors import ConfigError
 from loopscale.fit.settings import FitTable
 from loopscale.sweep import executor
+from loopscale.train.settings import TrainConfig, train_config_from_dict
 
 BASELINE = "baseline"
 _SET_BY_SWEEP = {"model": ("r", "d_model", "s"), "run": ("budget", "tokens", "steps", "seed")}
@@ -420,7 +420,7 @@ def _check_r1_model(table: SweepTable, train: dict[str, Any], source: str) -> No
 
 def _base_model(train: dict[str, Any], source: str) -> ModelConfig:
     """The baseline [train.model] at its smallest legal width (for head_dim, depth and rule templates)."""
-    from loopscale.config.train import DEFAULT_MODEL
+    from loopscale.train.settings import DEFAULT_MODEL
 
     model = dict(train.get("model") or {})
     head = model.get("head_dim", DEFAULT_MODEL["head_dim"])

@@ -2,7 +2,7 @@
 
 from typing import TYPE_CHECKING, Any
 
-from loopscale.config.train import RunConfig, TrainConfig, load_train_config
+from loopscale.train.settings import RunConfig, TrainConfig, load_train_config
 
 if TYPE_CHECKING:
     from loopscale.train.loop import RunInterrupted, TrainingFailed, read_result, train

@@ -125,9 +125,9 @@ def load_model(path: str | Path, *, device: str = "cpu"):
     from safetensors.torch import load_file
 
     from loopscale.config import load_mapping, validate
-    from loopscale.config.train import TrainConfig
     from loopscale.errors import ConfigError
     from loopscale.model import LoopedLM
+    from loopscale.train.settings import TrainConfig
 
     p = Path(path)
     run_dir = p if p.is_dir() else p.parent

@@ -26,7 +26,6 @@ from typing import Any, NamedTuple, NoReturn
 import torch
 
 from loopscale import accounting, memory
-from loopscale.config.train import TrainConfig
 from loopscale.errors import ConfigError, LoopscaleError
 from loopscale.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl
 from loopscale.model import LoopedLM, cpu_kernels
@@ -47,6 +46,7 @@ from loopscale.train.hardware import (
     tune_cpu_malloc,
     versions,
 )
+from loopscale.train.settings import TrainConfig
 from loopscale.train.track import make_tracker
 
 RESULT = "result.json"

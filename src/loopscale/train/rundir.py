@@ -69,7 +69,7 @@ def _stored_config(path: Path) -> dict[str, Any]:
     """The stored config, resolved with today's defaults (a field added since then is not a difference)."""
     import tomllib
 
-    from loopscale.config.train import train_config_from_dict
+    from loopscale.train.settings import train_config_from_dict
 
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))

@@ -1,4 +1,7 @@
-"""The training config: [model] + [data] + [optim] + [run], loaded from TOML/YAML with --set overrides."""
+"""The training config: [model] + [data] + [optim] + [run], loaded from TOML/YAML with --set overrides.
+
+Here, with the trainer, not in ``loopscale.config``: it computes steps and tokens from a budget through
+``loopscale.accounting``, which itself builds on ``config.ModelConfig``."""
 
 from __future__ import annotations
 
