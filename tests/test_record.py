@@ -69,30 +69,8 @@ OK_KEYS = [
     "predicted_val_peak_bytes",
     "memory_limit_bytes",
 ]
-ACCOUNTING_KEYS = [
-    "r",
-    "d_model",
-    "n_prelude",
-    "n_recur",
-    "n_coda",
-    "L_eff",
-    "layout",
-    "injection",
-    "bptt_k",
-    "N_once",
-    "N_rec",
-    "N_emb",
-    "N_norm",
-    "N_total",
-    "flops_per_token",
-    "seq_len",
-    "batch_size",
-    "vocab_size",
-    "vocab_multiple",
-    "head_dim",
-    "mlp_ratio",
-    "hc_lanes",
-]
+#: the accounting and template fields (``train.loop.result_fields``), a run of OK_KEYS
+ACCOUNTING_KEYS = OK_KEYS[OK_KEYS.index("r") : OK_KEYS.index("hc_lanes") + 1]
 
 #: the runs table's columns and dtypes before RunRecord (sweep/collect.py's COLUMNS then EXTRA): pinned
 OLD_COLUMNS = [
