@@ -64,6 +64,27 @@ def test_a_bad_fit_table_is_one_line_naming_the_file_and_field(tmp_path: Path) -
     assert "fit.delta" in msg and "spec.toml" in msg and "\n" not in msg
 
 
+def test_a_named_spec_that_cannot_be_read_is_one_line_and_a_broken_one_beside_the_runs_a_note(tmp_path: Path) -> None:
+    runs = _sweep(tmp_path, SPEC)
+    with pytest.raises(ConfigError) as err:
+        prepare_fit(runs, spec=tmp_path / "nope.toml", **FAST)
+    assert "nope.toml" in str(err.value) and "cannot be read" in str(err.value) and "\n" not in str(err.value)
+    (tmp_path / "spec.toml").write_text("[fit\ndelta = 0.02", encoding="utf-8")
+    with pytest.raises(ConfigError, match="cannot be read"):
+        prepare_fit(runs, spec=tmp_path, **FAST)
+    p = prepare_fit(runs, **FAST)  # found beside the runs, not named: fit with the defaults, and say so
+    assert p.settings.delta == FitSettings().delta
+    assert len(p.notes) == 1 and "cannot be read" in p.notes[0] and "defaults" in p.notes[0]
+
+
+def test_a_loaded_table_finds_the_spec_beside_the_file_it_came_from(tmp_path: Path) -> None:
+    from loopscale.fit import load_runs
+
+    runs = _sweep(tmp_path, SPEC)
+    assert prepare_fit(load_runs(runs), **FAST).settings.delta == 0.02
+    assert prepare_fit(synthetic_runs(0.5, seed=1), **FAST).spec_path is None  # a DataFrame: no file, no spec
+
+
 def test_without_a_spec_the_papers_defaults_hold(tmp_path: Path) -> None:
     df = synthetic_runs(0.5, seed=1)
     df.to_csv(tmp_path / "runs.csv", index=False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -100,17 +100,14 @@ def fit_runs(
     )
 
 
+@dataclass
 class _Fitted:
     """One variant's record and what Delta-phi pairs across variants (its runs, phi draws, inference state)."""
 
-    def __init__(
-        self,
-        record: VariantFit,
-        frame: pd.DataFrame,
-        phi_draws: np.ndarray | None,
-        state: profile.VariantInference | None,
-    ) -> None:
-        self.record, self.frame, self.phi_draws, self.state = record, frame, phi_draws, state
+    record: VariantFit
+    frame: pd.DataFrame
+    phi_draws: np.ndarray | None
+    state: profile.VariantInference | None
 
 
 def _fit_variant(

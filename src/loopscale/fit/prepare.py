@@ -37,7 +37,8 @@ class PreparedFit:
 
 
 def fit_sweep(runs: Any, *, progress: Callable[[str], None] | None = None, **options: Any) -> Any:
-    """Fit a sweep (a runs table, a sweep dir, several of them, or a ``RunsTable``); returns a ``FitResult``.
+    """Fit a sweep (a runs table or sweep dir, several of them, a ``RunsTable`` or a DataFrame); returns a
+    ``FitResult``.
 
     ``options`` are :func:`prepare_fit`'s (``spec``, ``seed_means``, ``r1_from``, ``only_r``,
     ``template_overrides``) and any ``FitSettings`` field, which overrides the spec's and the paper's default."""
@@ -65,15 +66,15 @@ def prepare_fit(
     Settings left out (``loss``, ``delta`` given as None, too) come from the spec's ``[fit]`` table, else the
     paper's defaults (``FitSettings``)."""
     from loopscale.config import validate
-    from loopscale.fit.table import RunsTable, load_runs, template_from_table
+    from loopscale.fit.table import as_runs, load_runs, template_from_table
 
     unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(FitSettings)})
     if unknown:
         raise TypeError(f"unknown fit setting(s): {', '.join(unknown)}")
-    table = runs if isinstance(runs, RunsTable) else load_runs(list(runs) if _many(runs) else runs)
-    spec_path = _spec_path(spec, runs)
-    raw = _read_spec(spec_path)
+    table = load_runs(list(runs)) if _many(runs) else as_runs(runs)
+    spec_path = _spec_path(spec, runs if _many(runs) or isinstance(runs, str | Path) else table)
     notes: list[str] = []
+    raw = _read_spec(spec_path, named=spec is not None, notes=notes)
     fit_table = validate(FitTable, raw.get("fit") or {}, source=str(spec_path), prefix="fit") if raw else FitTable()
     for key in ("loss", "delta"):
         if settings.get(key) is None:
@@ -125,21 +126,30 @@ def _spec_path(spec: str | Path | None, runs: Any) -> Path | None:
     if spec is not None:  # a spec.toml, a sweep dir, or a runs table inside one
         p = Path(spec)
         return p / "spec.toml" if p.is_dir() else (p if p.suffix == ".toml" else p.parent / "spec.toml")
+    from loopscale.fit.table import RunsTable
+
     first = runs[0] if _many(runs) and runs else runs
-    if not isinstance(first, str | Path):
+    if isinstance(first, RunsTable):  # where it was read from, when that is a path
+        first = first.source
+    if not isinstance(first, str | Path) or not Path(first).exists():
         return None
     folder = Path(first) if Path(first).is_dir() else Path(first).parent
     return folder / "spec.toml"
 
 
-def _read_spec(path: Path | None) -> dict[str, Any]:
-    """The spec's TOML as data; {} when there is none. A spec that cannot be read is a one-line error only
-    when it was named (a runs table beside a broken spec.toml still fits, with the paper's defaults)."""
-    if path is None or not path.is_file():
+def _read_spec(path: Path | None, *, named: bool, notes: list[str]) -> dict[str, Any]:
+    """The spec's TOML as data; {} when there is none. A spec that was named and cannot be read is a one-line
+    error; one found beside the runs that cannot be read is a note (the runs still fit, with the paper's
+    defaults, and the note says so)."""
+    if path is None or (not named and not path.exists()):
         return {}
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        why = f"cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        if named:
+            raise ConfigError("spec", why, source=str(path)) from None
+        notes.append(f"{path} {why}: fitting with the paper's [fit] defaults")
         return {}
     return data if isinstance(data, dict) else {}
 

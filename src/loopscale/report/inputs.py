@@ -141,8 +141,10 @@ def load_inputs(
     if fit is None:
         given = {"bootstrap": bootstrap, "restarts": restarts, "lr_draws": lr_draws}
         options: dict[str, Any] = {k: int(v) for k, v in given.items() if v is not None}
-        spec = runs if isinstance(runs, str | Path) else None  # the sweep's [fit] table, as `loopscale fit` reads it
-        settings = prepare_fit(table, spec=spec, **options).settings
+        prepared = prepare_fit(table, **options)  # with the [fit] table of a spec.toml beside the runs
+        settings = prepared.settings
+        for note in prepared.notes:
+            say(note)
         say(f"no fit file given: fitting ({settings.restarts} starts, {settings.bootstrap} resamples)")
         doc = fit_runs(table, settings, progress=say)
         path = write_fit(Path(out_dir) / "fit.json", doc)
