@@ -40,8 +40,13 @@ ENV = "LOOPSCALE_CPU_KERNELS"
 #: build gives the native one's bits, which the test suite checks (docs/model.md, docs/testing.md).
 MARCH_ENV = "LOOPSCALE_CPU_MARCH"
 FLAGS = ("-O3", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math")
+#: with a ``-march``: the instruction set's extensions, but the generic cost model. Why: ``-march=native`` also
+#: tunes for this CPU, and on an AMD EPYC (Zen 3, AVX2 only) that tuning splits FMA chains (GCC's
+#: ``avoid_fma_chains``), so its build rounded differently from an ``x86-64-v3`` one (measured: gradients 1e-7
+#: apart); with the generic model both contract ``a*b+c`` the same way.
+TUNE = "-mtune=generic"
 #: tried in order until one compiles: OpenMP (torch's own thread pool) and this CPU's vector units first
-VARIANTS = (("-fopenmp", "-march=native"), ("-march=native",), ("-fopenmp",), ())
+VARIANTS = (("-fopenmp", "-march=native", TUNE), ("-march=native", TUNE), ("-fopenmp",), ())
 #: elements per part below which a call stays on the caller's thread (waking the pool costs more than it saves)
 GRAIN = 1 << 15
 #: widest rows the kernels take (their stack buffers); wider ones use the torch ops
@@ -87,7 +92,7 @@ def _variants() -> tuple[tuple[str, ...], ...]:
             value=march,
             source="environment",
         )
-    return (("-fopenmp", f"-march={march}"), (f"-march={march}",))
+    return (("-fopenmp", f"-march={march}", TUNE), (f"-march={march}", TUNE))
 
 
 #: the compiler's macro for an instruction-set extension, and /proc/cpuinfo's flag for it
