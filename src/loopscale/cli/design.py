@@ -18,21 +18,28 @@ from loopscale.cli.app import app, console, err_console
 from loopscale.numbers import count, flops, phi
 
 
-def planned_grid(spec: Any, r1_from: str | None = None) -> Any:
-    """One row per planned baseline run: C, r, d_model, seed and the accounting's N_once, N_rec, D.
+def planned_grid(spec: Any, r1_from: str | None = None, variant: str = "baseline") -> Any:
+    """One row per planned run of ``variant``: C, r, d_model, seed and the accounting's N_once, N_rec, D.
 
-    ``r1_from``: the r = 1 runs are that variant's (loop-of-one controls, as `fit --r1-from` reads them)."""
+    ``r1_from``: the r = 1 runs are that variant's (loop-of-one controls, as `fit --r1-from` reads them). A
+    technique's rows (``variant`` another than the baseline) are its own runs with r > 1, as the fit pairs them."""
     import pandas as pd
 
     from loopscale.errors import ConfigError
     from loopscale.sweep import plan_row
 
-    runs = [rs for rs in spec.runs(["baseline"]) if r1_from is None or rs.r > 1]
-    if r1_from is not None:
-        control = [rs for rs in spec.runs([r1_from]) if rs.variant == r1_from and rs.r == 1]
-        if not control:
-            raise ConfigError("--r1-from", "no r = 1 runs of this variant in the spec", value=r1_from)
-        runs += control
+    if variant not in spec.variant_names:
+        raise ConfigError("--technique", f"not a variant of the spec; it has {spec.variant_names}", value=variant)
+    own = [rs for rs in spec.runs([variant]) if rs.variant == variant]
+    if variant != "baseline":
+        runs = [rs for rs in own if rs.r > 1]
+    else:
+        runs = [rs for rs in own if r1_from is None or rs.r > 1]
+        if r1_from is not None:
+            control = [rs for rs in spec.runs([r1_from]) if rs.variant == r1_from and rs.r == 1]
+            if not control:
+                raise ConfigError("--r1-from", "no r = 1 runs of this variant in the spec", value=r1_from)
+            runs += control
     rows = []
     for rs in runs:
         p = plan_row(rs, spec)

@@ -273,7 +273,15 @@ def _summary(res: FitResult) -> dict[str, Any]:
         }
         out["variants"][name]["held_out"].update({k: x.get("held_out") for k, x in v.law_variants.items()})
     for d in res.delta_phi:
-        out["delta_phi"].append({k: d[k] for k in ("reference", "variant", "delta_phi", "ci", "fraction_above_zero")})
+        row = {k: d.get(k) for k in ("reference", "variant", "delta_phi", "ci", "fraction_above_zero", "leading")}
+        inf = res.variants[d.variant].inference if d.variant in res.variants else None
+        paired = (inf or {}).get("paired_delta_phi")
+        row["paired"] = None
+        if paired:
+            keep = ("estimate", "ci", "tests", "at_bound", "misfit")
+            row["paired"] = {m: {k: paired[m].get(k) for k in keep} for m in ("shared_law", "separate_laws")}
+            row["paired"]["held_out"] = paired.get("held_out")
+        out["delta_phi"].append(row)
     if res.compare:
         out["compare"] = res.compare
     out["warnings"] = res.warnings
@@ -348,23 +356,67 @@ def _print_fit(res: FitResult, markdown: bool) -> None:
         console.print(t)
     _print_frontier(res, style, level)
     if res.delta_phi:
-        t = Table(title="Delta-phi (variant - reference): profile interval and test, paired wild bootstrap", box=style)
-        for c in ("variant", "reference", "Delta-phi", level, "p (Delta-phi = 0)", "block bootstrap"):
-            t.add_column(c, justify="right")
-        for d in res.delta_phi:
-            inf = d.get("inference") or {}
-            test = (inf.get("tests") or {}).get("delta_phi=0") or {}
-            p_txt = MISSING if test.get("p") is None else f"{test['p']:.3g}"
-            sec = (inf.get("secondary") or {}).get("ci") if inf else d["ci"]
+        _print_delta_phi(res, style, level)
+
+
+def _print_delta_phi(res: FitResult, style: box.Box, level: str) -> None:
+    """Each reading of Δφ on its own row, named by its method; the leading one marked, and why it leads."""
+    from loopscale.fit.inference import paired as paired_mod
+
+    t = Table(title="Delta-phi (variant - reference): each reading; the marked one leads", box=style)
+    for c in ("variant", "reference", "reading", "Delta-phi", level, "p (Delta-phi = 0)", ""):
+        t.add_column(c, justify="right")
+    reasons = []
+    for d in res.delta_phi:
+        lead = (d.leading or {}).get("reading")
+        inf = d.inference or {}
+        paired = (
+            (res.variants[d.variant].inference or {}).get("paired_delta_phi") if d.variant in res.variants else None
+        )
+        rows = [
+            ("separate fits (profile)", inf.get("estimate", d.delta_phi), inf.get("ci"), inf, lead == "separate fits")
+        ]
+        for model in paired_mod.MODELS:
+            rec = paired_mod.reading(paired, model)
+            if rec is not None:
+                name = f"paired ({model})"
+                rows.append((name + " (profile)", rec["estimate"], rec["ci"], rec, lead == name))
+        for label, est, ci, rec, leads in rows:
+            if rec is None and est is None:
+                continue
+            test = ((rec or {}).get("tests") or {}).get("delta_phi=0") or {}
             t.add_row(
-                d["variant"],
-                d["reference"],
-                signed(d["delta_phi"], PHI_DIGITS),
-                interval(d["ci"], PHI_DIGITS, is_signed=True) if inf else MISSING,
-                p_txt,
-                interval(sec, PHI_DIGITS, is_signed=True) if sec else MISSING,
+                d.variant,
+                d.reference,
+                label,
+                MISSING if est is None else signed(est, PHI_DIGITS),
+                MISSING if not ci else interval(ci, PHI_DIGITS, is_signed=True),
+                MISSING if test.get("p") is None else f"{test['p']:.3g}",
+                "← leads" if leads else "",
             )
-        console.print(t)
+        sec = (inf.get("secondary") or {}).get("ci")
+        if sec:
+            t.add_row(
+                d.variant,
+                d.reference,
+                "block bootstrap (percentile)",
+                "",
+                interval(sec, PHI_DIGITS, is_signed=True),
+                "",
+                "",
+            )
+        sh = d.shared or {}
+        if isinstance(sh.get("delta_phi"), int | float):
+            held = (sh.get("held_out") or {}).get("supported")
+            note = {"shared": "held-out: not contradicted", "separate": "held-out: contradicted"}.get(held, "")
+            t.add_row(
+                d.variant, d.reference, "shared law (no interval)", signed(sh["delta_phi"], PHI_DIGITS), "", "", note
+            )
+        if d.leading:
+            reasons.append(f"{d.variant}: {d.leading['reason']}")
+    console.print(t)
+    for line in reasons:
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def _print_frontier(res: FitResult, style: box.Box, level: str) -> None:

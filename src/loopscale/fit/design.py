@@ -57,11 +57,25 @@ REQUIRED = ("C", "r", "N_once", "N_rec", "D")
 
 @dataclass(frozen=True)
 class Noise:
-    """val_loss = law + u_cell + e_run, u_cell ~ N(0, cell_sd^2) per (C, r) cell, e_run ~ N(0, run_sd^2) (nats)."""
+    """What a simulated table scatters by around the prior law (nats), in three parts a real study has:
+
+    ``val_loss = law + u_cell + m_point + e_run``, with ``u_cell ~ N(0, cell_sd^2)`` per (C, r) cell (shared by
+    its runs), ``m_point ~ N(0, point_sd^2)`` per design point (C, r, width: shared by its seeds) and ``e_run ~
+    N(0, run_sd^2)`` per run (seeds average it away). ``u_cell`` and ``m_point`` are the law's lack of fit
+    there: more seeds do not shrink them, which is why 8 seeds of the probe study were no narrower than 4
+    (docs/cpu-scale.md). A paired technique's lack of fit is correlated ``shared`` with the reference's (1: the
+    same at every point; its runs' own noise is independent)."""
 
     run_sd: float = 0.01
     cell_sd: float = 0.0
     source: str = "flags"
+    point_sd: float = 0.0
+    shared: float = 1.0
+
+    @property
+    def misfit_sd(self) -> float:
+        """The lack of fit of one design point (cell and point parts together)."""
+        return float(np.hypot(self.cell_sd, self.point_sd))
 
 
 @dataclass(frozen=True)
@@ -88,43 +102,61 @@ def grid_cells(grid: pd.DataFrame) -> np.ndarray:
     return pd.factorize(key)[0]
 
 
+def point_keys(grid: pd.DataFrame) -> list[str]:
+    """The design point (C, r, width) of each run: its width where the table has one (a technique's runs then
+    share the reference's points although their accounting differs), else its unique parameters."""
+    C = budget_values(grid)
+    width = grid["d_model"] if "d_model" in grid.columns else grid["N_once"] + grid["N_rec"]
+    return [f"{c:.3g}|{r}|{w:.6g}" for c, r, w in zip(C, grid["r"], width, strict=True)]
+
+
 def study_cost(grid: pd.DataFrame) -> float:
     """Training FLOPs of the whole grid: each run spends its budget C."""
     return float(np.sum(grid["C"].to_numpy(float)))
 
 
-def estimate_noise(runs: pd.DataFrame, theta: np.ndarray, source: str = "runs table") -> Noise:
-    """Per-run and per-cell sd from a finished table's residuals against a law.
+def estimate_noise(runs: pd.DataFrame, theta: np.ndarray, source: str = "runs table", fitted: bool = False) -> Noise:
+    """Per-run, per-point and per-cell sds from a finished table's residuals against a law.
 
-    Runs of one (C, r) cell share its offset, so the spread of residuals *within* a cell is the per-run
-    noise, and what the cell means vary beyond that is the cell noise:
-    E[mean_c^2] = cell_sd^2 + run_sd^2 / n_c. Seeds of one design point give run_sd directly when present.
-    """
+    Seeds of a design point give the run noise (their spread); what the point means vary within their
+    (C, r) cell beyond it is the point misfit, what the cell means vary beyond both the cell misfit:
+    ``E[mean_point^2] = cell^2 + point^2 + run^2 / n_seeds``. ``fitted``: the law was fitted to these runs, so
+    its six coefficients absorbed part of the misfit; the misfit variances are scaled by ``n / (n - 6)`` over
+    the design points (the degrees of freedom the fit used). Without seeds the within-cell spread is all
+    called run noise, as before (no point misfit can be told apart)."""
     df = runs.reset_index(drop=True)
     res = df["val_loss"].to_numpy(float) - predict_theta(theta, df["N_once"], df["N_rec"], df["D"], df["r"])
     cells = grid_cells(df) if "C" in df.columns else np.arange(len(df))
-    point = pd.factorize(
-        pd.Series(
-            [
-                f"{a:.6g}|{b:.6g}|{c:.6g}|{r}"
-                for a, b, c, r in zip(df["N_once"], df["N_rec"], df["D"], df["r"], strict=True)
-            ]
-        )
-    )[0]
+    point = pd.factorize(pd.Series(point_keys(df) if "C" in df.columns else np.arange(len(df)).astype(str)))[0]
     frame = pd.DataFrame({"res": res, "cell": cells, "point": point})
     seeds = frame.groupby("point")["res"]
+    n_points = int(frame["point"].nunique())
+    scale = n_points / (n_points - 6) if fitted and n_points > 12 else 1.0
     if (seeds.size() > 1).any():
         ss = float((seeds.var(ddof=1) * (seeds.size() - 1)).sum())
         dof = int((seeds.size() - 1).sum())
         run_var, how = ss / dof, "seeds"
-    else:
-        g = frame.groupby("cell")["res"]
-        dof = int((g.size() - 1).sum())
-        run_var = float((g.var(ddof=1).fillna(0) * (g.size() - 1)).sum()) / max(dof, 1)
-        how = "within-cell residuals"
+        pts = frame.groupby("point").agg(res=("res", "mean"), cell=("cell", "first"), n=("res", "size"))
+        g = pts.groupby("cell")["res"]
+        within = float((g.var(ddof=1).fillna(0) * (g.size() - 1)).sum()) / max(int((g.size() - 1).sum()), 1)
+        point_var = max(0.0, within - run_var * float(np.mean(1 / pts["n"])))
+        cell_var = max(
+            0.0,
+            float(np.mean(g.mean() ** 2))
+            - point_var / float(g.size().mean())
+            - run_var / float(frame.groupby("cell").size().mean()),
+        )
+        return Noise(
+            float(np.sqrt(run_var)),
+            float(np.sqrt(cell_var * scale)),
+            f"{source} ({how}{', dof-corrected' if scale > 1 else ''})",
+            point_sd=float(np.sqrt(point_var * scale)),
+        )
     g = frame.groupby("cell")["res"]
+    dof = int((g.size() - 1).sum())
+    run_var = float((g.var(ddof=1).fillna(0) * (g.size() - 1)).sum()) / max(dof, 1)
     cell_var = max(0.0, float(np.mean(g.mean() ** 2 - run_var / g.size())))
-    return Noise(float(np.sqrt(run_var)), float(np.sqrt(cell_var)), f"{source} ({how})")
+    return Noise(float(np.sqrt(run_var)), float(np.sqrt(cell_var * scale)), f"{source} (within-cell residuals)")
 
 
 def _keyed_normal(keys: Iterable[str], seed: int, i: int) -> np.ndarray:
@@ -135,19 +167,36 @@ def _keyed_normal(keys: Iterable[str], seed: int, i: int) -> np.ndarray:
     return np.array([np.random.default_rng([seed, i, zlib.crc32(k.encode())]).standard_normal() for k in keys])
 
 
-def simulate_table(grid: pd.DataFrame, theta: np.ndarray, noise: Noise, seed: int, i: int) -> np.ndarray:
-    """Simulated val_loss of every planned run (nats) in simulation ``i``."""
-    clean = predict_theta(theta, grid["N_once"], grid["N_rec"], grid["D"], grid["r"])
+def _keyed(keys: list[str], seed: int, i: int) -> np.ndarray:
+    uniq, inv = np.unique(keys, return_inverse=True)
+    return _keyed_normal(uniq, seed, i)[inv.ravel()]
+
+
+def misfit_draw(grid: pd.DataFrame, noise: Noise, seed: int, i: int, recipe: str = "") -> np.ndarray:
+    """The lack of fit of every planned run in simulation ``i`` (cell + point parts, nats); ``recipe`` names a
+    paired technique, whose draw is correlated ``noise.shared`` with the reference's ("")."""
     C = budget_values(grid)
-    cell_keys = [f"cell|{c:.3g}|{r}" for c, r in zip(C, grid["r"], strict=True)]
+    cell = [f"cell|{c:.3g}|{r}" for c, r in zip(C, grid["r"], strict=True)]
+    point = [f"point|{k}" for k in point_keys(grid)]
+    m = noise.cell_sd * _keyed(cell, seed, i) + noise.point_sd * _keyed(point, seed, i)
+    if not recipe or noise.shared >= 1:
+        return m
+    own = noise.cell_sd * _keyed([f"{recipe}|{k}" for k in cell], seed, i) + noise.point_sd * _keyed(
+        [f"{recipe}|{k}" for k in point], seed, i
+    )
+    rho = float(np.clip(noise.shared, 0.0, 1.0))
+    return rho * m + np.sqrt(1 - rho * rho) * own
+
+
+def simulate_table(
+    grid: pd.DataFrame, theta: np.ndarray, noise: Noise, seed: int, i: int, recipe: str = ""
+) -> np.ndarray:
+    """Simulated val_loss of every planned run (nats) in simulation ``i``; ``recipe``: a paired technique's runs
+    (its own run noise, its lack of fit correlated ``noise.shared`` with the reference's)."""
+    clean = predict_theta(theta, grid["N_once"], grid["N_rec"], grid["D"], grid["r"])
     seeds = grid["seed"] if "seed" in grid.columns else np.zeros(len(grid), dtype=int)
-    run_keys = [
-        f"run|{c:.3g}|{r}|{n:.6g}|{sd}"
-        for c, r, n, sd in zip(C, grid["r"], grid["N_once"] + grid["N_rec"], seeds, strict=True)
-    ]
-    uniq, inv = np.unique(cell_keys, return_inverse=True)
-    u = _keyed_normal(uniq, seed, i)[inv.ravel()]
-    return clean + noise.cell_sd * u + noise.run_sd * _keyed_normal(run_keys, seed, i)
+    run_keys = [f"{recipe}run|{k}|{sd}" for k, sd in zip(point_keys(grid), seeds, strict=True)]
+    return clean + misfit_draw(grid, noise, seed, i, recipe) + noise.run_sd * _keyed(run_keys, seed, i)
 
 
 # ---- one simulated study -------------------------------------------------------------------
@@ -225,8 +274,13 @@ def _worker_init() -> None:
     _WORKER_BLAS.append(ctx)
 
 
-def _run(jobs: list[Any], workers: int, progress: Callable[[int, int], None] | None) -> list[dict[str, Any]]:
-    """Jobs in worker processes (fork: numpy and scipy are already imported), results in job order."""
+def run_jobs(
+    fn: Callable[[Any], dict[str, Any]],
+    jobs: list[Any],
+    workers: int,
+    progress: Callable[[int, int], None] | None,
+) -> list[dict[str, Any]]:
+    """``fn`` of every job in worker processes (fork: numpy and scipy are already imported), in job order."""
     import multiprocessing as mp
 
     n = len(jobs)
@@ -235,13 +289,13 @@ def _run(jobs: list[Any], workers: int, progress: Callable[[int, int], None] | N
     if workers <= 1:
         with single_thread_blas():  # once for all jobs: the fitter's own (nested) limits are then free
             for i, job in enumerate(jobs):
-                out[i] = _one(job)
+                out[i] = fn(job)
                 if progress:
                     progress(i + 1, n)
         return [o for o in out if o is not None]
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init) as pool:
-        futures = {pool.submit(_one, job): i for i, job in enumerate(jobs)}
+        futures = {pool.submit(fn, job): i for i, job in enumerate(jobs)}
         for done, fut in enumerate(as_completed(futures), start=1):
             out[futures[fut]] = fut.result()
             if progress:
@@ -332,7 +386,7 @@ def _simulate(
     g = grid[list(REQUIRED)].reset_index(drop=True).astype(float)
     g["r"] = g["r"].astype(int)
     g["seed"] = grid["seed"].to_numpy() if "seed" in grid.columns else 0  # keys each run's noise
-    rows = _run([(g, theta, noise, st, i, with_bootstrap) for i in range(st.sims)], st.workers, progress)
+    rows = run_jobs(_one, [(g, theta, noise, st, i, with_bootstrap) for i in range(st.sims)], st.workers, progress)
     phi_true = float(prior["phi"])
     phis = np.array([r["phi"] for r in rows], dtype=float)
     bound = np.array([r["at_bound"] for r in rows], dtype=bool)

@@ -19,6 +19,7 @@ import pandas as pd
 
 from loopscale import grids
 from loopscale.fit import parts
+from loopscale.fit.inference import paired as paired_mod
 from loopscale.fit.inference import profile
 from loopscale.fit.inference import shared as shared_mod
 from loopscale.fit.inference.bootstrap import cell_counts, percentile_ci
@@ -71,6 +72,7 @@ def fit_runs(
         mask = selected.variant_mask(v)
         vr = parts.VariantRuns(v, selected.subset(mask), cells[mask], unit, settings, say, warnings_)
         fitted[v] = _fit_variant(vr, mask, W_all, V_all, template, budgets)
+        fitted[v].cells = cells[mask]
 
     return FitResult(
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -94,7 +96,7 @@ def fit_runs(
             "cell_counts": counts.astype(int),
         },
         variants={v: f.record for v, f in fitted.items()},
-        delta_phi=delta_phi(fitted, ref, settings, say),
+        delta_phi=delta_phi(fitted, ref, settings, say, V_all),
         warnings=warnings_,
         wall_s=time.perf_counter() - t_start,
     )
@@ -108,6 +110,7 @@ class _Fitted:
     frame: pd.DataFrame
     phi_draws: np.ndarray | None
     state: profile.VariantInference | None
+    cells: np.ndarray | None = None  # (budget, r) cell of each of its runs, numbered over the whole table
 
 
 def _fit_variant(
@@ -150,9 +153,15 @@ def _fit_variant(
 
 
 def delta_phi(
-    fitted: dict[str, _Fitted], ref: str, settings: FitSettings, say: Callable[[str], None]
+    fitted: dict[str, _Fitted],
+    ref: str,
+    settings: FitSettings,
+    say: Callable[[str], None],
+    V: np.ndarray | None = None,
 ) -> list[DeltaPhi]:
-    """phi of each variant read against the same r = 1 runs as the reference, minus the reference's."""
+    """phi of each variant read against the same r = 1 runs as the reference, minus the reference's: from the
+    separate fits (calibrated), paired on the runs both recipes share (``inference.paired``; it joins the
+    variant's ``inference`` record), and under the shared law; ``leading`` says which reading is quoted."""
     out = []
     a_fit = fitted[ref]
     for v, b_fit in fitted.items():
@@ -184,11 +193,34 @@ def delta_phi(
             entry.ci = entry.inference["ci"]
             entry.secondary_ci = percentile_ci(d, settings.ci_level)
         entry.loss_gap = shared_mod.loss_gap(a_fit.frame, b_fit.frame, settings.ci_level)
+        fv = b_fit.frame  # the runs the reference also holds (shared r = 1 runs, a control's) enter once
+        shared_rows = fv["run_id"].astype(str).isin(set(a_fit.frame["run_id"].astype(str))).to_numpy()
+        own = fv[~shared_rows]
         if settings.shared:
             say(f"[{v}] shared-law Δφ against {ref}" + (" with held-out cells" if settings.checks else ""))
-            fv = b_fit.frame  # the runs the reference also holds (shared r = 1 runs, a control's) enter once
-            own = fv[~fv["run_id"].astype(str).isin(set(a_fit.frame["run_id"].astype(str)))]
             entry.shared = shared_mod.shared_record(a_fit.frame, own, settings.law(), checks=settings.checks)
+        paired = None
+        if V is not None and b_fit.record.inference is not None and a_fit.cells is not None:
+            say(f"[{v}] paired Δφ against {ref}: {settings.lr_draws} wild-bootstrap tables")
+            assert b_fit.cells is not None
+            starts = paired_mod.starts_from(np.asarray(a_fit.record.law.theta), np.asarray(b_fit.record.law.theta))
+            paired = paired_mod.paired_delta_phi(
+                a_fit.frame,
+                own,
+                a_fit.cells,
+                b_fit.cells[~shared_rows],
+                V,
+                settings.law(),
+                starts,
+                settings.ci_level,
+                checks=settings.checks,
+                seed=settings.seed,
+            )
+            if paired is not None:
+                b_fit.record.inference.paired_delta_phi = {"reference": ref, **paired}
+        entry.leading = paired_mod.leading(paired, entry.inference)
+        if entry.leading is not None:
+            entry.ci = entry.leading["ci"]
         out.append(entry)
     return out
 

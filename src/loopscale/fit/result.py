@@ -187,6 +187,7 @@ class Inference(_Record):
     secondary: dict[str, Any] | None = None
     null: dict[str, Any] | None = None
     profile: dict[str, Any] | None = None
+    paired_delta_phi: dict[str, Any] | None = None  # Δφ against ``reference``, paired (inference/paired.py)
 
 
 class VariantFit(_Record):
@@ -226,13 +227,15 @@ class DeltaPhi(_Record):
     reference: str
     variant: str
     delta_phi: float | None = None
-    ci: Any = None  # the calibrated interval (``inference.ci``) when present, else the paired percentile one
+    ci: Any = None  # the leading reading's interval (``leading.ci``), else the calibrated separate one, else the
+    # paired percentile one
     fraction_above_zero: float | None = None
     draws: Any = None
     inference: dict[str, Any] | None = None
     secondary_ci: Any = None
     loss_gap: dict[str, Any] | None = None  # inference/shared.py ``loss_gap``: val loss on the same runs
     shared: dict[str, Any] | None = None  # the shared-law reading (inference/shared.py)
+    leading: dict[str, Any] | None = None  # the reading quoted (inference/paired.py ``leading``) and why
 
 
 class FitResult(_Record):

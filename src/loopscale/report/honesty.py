@@ -36,18 +36,21 @@ __all__ = [
 
 
 def delta_phi_reading(d: dict[str, Any]) -> str:
-    """One honest sentence for a Delta-phi record of the fit file: the calibrated interval and the test of
-    Delta-phi = 0 when the record has them (fit/inference/profile.py), else the paired percentile interval."""
-    ci = d.get("ci")
-    dphi = finite_or_none(d.get("delta_phi"))
+    """One honest sentence for a Delta-phi record of the fit file: the leading reading's interval and test
+    (``leading``: paired or separate fits, fit/inference/paired.py) with its name, else the calibrated separate
+    one (fit/inference/profile.py), else the paired percentile interval."""
+    lead = d.get("leading") or {}
+    ci = lead.get("ci") or d.get("ci")
+    dphi = finite_or_none(lead.get("estimate", d.get("delta_phi")))
     if dphi is None:
         return "Δφ undetermined"
     if not ci or finite_or_none(ci[0]) is None or finite_or_none(ci[1]) is None:
         return f"Δφ = {dphi:+.3f} (no CI)"
     lo, hi = float(ci[0]), float(ci[1])
-    test = ((d.get("inference") or {}).get("tests") or {}).get("delta_phi=0")
-    head = f"Δφ = {dphi:+.3f} [{lo:+.3f}, {hi:+.3f}]"
-    if test is not None:
+    test = lead or ((d.get("inference") or {}).get("tests") or {}).get("delta_phi=0")
+    label = lead.get("reading", "")
+    head = f"Δφ = {dphi:+.3f} [{lo:+.3f}, {hi:+.3f}]" + (f" ({label})" if label else "")
+    if test:
         p = finite_or_none(test.get("p"))
         if test.get("rejected") and lo > 0:
             return f"{head}, p = {p:.3g} for Δφ = 0: {d['variant']} raises φ (a capacity gain per repeat)"

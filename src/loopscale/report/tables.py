@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from loopscale.fit.inference.paired import reading
 from loopscale.fit.law.formula import equivalent_N
 from loopscale.fit.table import r1_anchor
 from loopscale.numbers import MISSING, PHI_DIGITS, count, flops, interval, num, phi_ci, phi_interval, signed
@@ -137,52 +138,61 @@ def delta_phi_table(ctx: ReportContext) -> Table | None:
         if vd.phi is not None and not vd.resolved:
             phi += " — not resolved"
         if name == ctx.variant:
-            rows.append([name + " (reference)", phi, "–", "–", "–", "–", "reference"])
+            rows.append([name + " (reference)", phi, "–", "–", "–", "–", "–", "–", "–", "reference"])
         elif d is None:
             why = (
                 "read against other r = 1 runs than the reference"
                 if r1_anchor(name) != r1_anchor(ctx.variant)
                 else "φ undetermined"
             )
-            rows.append([name, phi, "–", "–", "–", "–", f"Δφ not computed ({why})"])
+            rows.append([name, phi, "–", "–", "–", "–", "–", "–", "–", f"Δφ not computed ({why})"])
         else:
-            frac = MISSING if d.get("fraction_above_zero") is None else f"{d['fraction_above_zero']:.2f}"
             gap = d.get("loss_gap") or {}
             gap_cell = (
                 f"{signed(gap['mean'], 3)} {interval(gap.get('ci'), 3, is_signed=True)}"
                 if isinstance(gap.get("mean"), int | float)
                 else "–"
             )
+            lead = d.get("leading") or {}
             reading = delta_phi_reading(d).split(": ", 1)[-1]
             both = loss_gap_verdict(d)
+            why = lead.get("reason", "")
             rows.append(
                 [
                     name,
                     phi,
-                    f"{signed(d['delta_phi'], PHI_DIGITS)} {interval(d.get('ci'), PHI_DIGITS, is_signed=True)}",
-                    frac,
+                    _reading_cell(lead, lead=True),
+                    MISSING if lead.get("p") is None else f"{lead['p']:.3g}",
+                    _reading_cell(_separate(d)),
+                    _reading_cell(_paired(fit, name, "shared law")),
+                    _reading_cell(_paired(fit, name, "separate laws")),
                     _shared_cell(d.get("shared")),
                     gap_cell,
-                    reading if both is None else f"{reading}; {both}",
+                    (reading if both is None else f"{reading}; {both}") + (f" ({why})" if why else ""),
                 ]
             )
     return Table(
         "tab-delta-phi",
-        "Δφ per recipe (separate fits, calibrated interval; and under one shared law)",
+        "Δφ per recipe: the leading reading, and each reading beside it",
         [
             "recipe",
             "φ [CI]",
-            "Δφ [CI]",
-            "P(Δφ > 0)",
+            "Δφ [95% CI], leading reading",
+            "p (Δφ = 0)",
+            "separate fits: Δφ [CI]",
+            "paired, shared law: Δφ [CI]",
+            "paired, separate laws: Δφ [CI]",
             "shared law: Δφ (held-out reading)",
             "Δ val loss, same runs [CI]",
             "reading",
         ],
         rows,
         "r = 1 runs are shared by every recipe; Δφ = φ(recipe) − φ(reference). Separate fits give each recipe "
-        "its own E, A, α, B, β; the shared law keeps the reference's and moves only φ (fit/inference/shared.py), "
-        "and its "
-        "held-out test says whether the data contradict that. Δ val loss: the recipe's loss minus the "
+        "its own E, A, α, B, β (profile interval, paired wild bootstrap). The paired readings let the law's misfit at "
+        "each (budget, r, width, seed) point be shared by the two recipes (fit/inference/paired.py), with φ alone "
+        "moved (shared law) or every coefficient its own (separate laws); the most specific reading its held-out "
+        'test does not contradict leads, else the separate fits (docs/fit.md, "Paired Δφ"). The shared law '
+        "without a shared misfit has no interval. Δ val loss: the recipe's loss minus the "
         "reference's on the same looped runs (budget, r, width, seed; t interval over cells). For reference, "
         f"the paper (arXiv 2604.21106) measures φ = {probes['baseline']:.2f} for its baseline, "
         f"{probes['truncated_bptt']:.2f} for truncated BPTT "
@@ -190,6 +200,24 @@ def delta_phi_table(ctx: ReportContext) -> Table | None:
         f"token-budget gain, not a capacity gain) and {probes['hyperconnect']:.2f} for hyperconnections "
         f"(Δφ {probes['hyperconnect'] - probes['baseline']:+.2f}, a capacity gain).",
     )
+
+
+def _separate(d: dict) -> dict | None:
+    inf = d.get("inference")
+    return None if not inf else {"estimate": inf["estimate"], "ci": inf["ci"]}
+
+
+def _paired(fit: dict, name: str, model: str) -> dict | None:
+    inf = fit["variants"][name].get("inference") or {}
+    return reading(inf.get("paired_delta_phi"), model)
+
+
+def _reading_cell(rec: dict | None, lead: bool = False) -> str:
+    if not rec or not isinstance(rec.get("estimate"), int | float) or not rec.get("ci"):
+        return "–"
+    cell = f"{signed(float(rec['estimate']), PHI_DIGITS)} {interval(rec['ci'], PHI_DIGITS, is_signed=True)}"
+    label = rec.get("reading")
+    return f"{cell} ({label})" if lead and label else cell
 
 
 def _shared_cell(sh: dict | None) -> str:
