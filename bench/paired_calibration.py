@@ -93,7 +93,9 @@ def main() -> None:
     tech = planned_grid(spec, None, a.technique)
     law, noise, pattern, measured_own = pilot(a.runs, a.fit, a.reference, a.technique)
     own = max(measured_own, a.own * float(np.sqrt(np.mean(np.square(list(pattern.values()))))))
-    st = DesignSettings(sims=a.sims, lr_draws=a.draws, restarts=100, delta=spec.fit.delta, workers=a.workers)
+    st = DesignSettings(
+        sims=a.sims, lr_draws=a.draws, restarts=100, delta=spec.fit.delta, workers=a.workers, seed_means=True
+    )
     print(
         f"{a.spec}: {len(grid)} reference runs, {len(tech)} {a.technique} runs, seed means; pilot law phi "
         f"{law['phi']:.3f}; noise run {noise.run_sd:.4f}, cell {noise.cell_sd:.4f}, point {noise.point_sd:.4f} nats; "
@@ -117,9 +119,7 @@ def main() -> None:
             )
         for truth in (float(x) for x in a.truths.split(",")):
             t0 = time.perf_counter()
-            res = simulate_pair(
-                grid, tech, law, truth, nz, st, seed_means=True, pattern=pat, ref_misfit=setting != "pattern"
-            )
+            res = simulate_pair(grid, tech, law, truth, nz, st, pattern=pat, ref_misfit=setting != "pattern")
             for k in READINGS:
                 r = res.readings[k]
                 lead = res.leads.get(k, float("nan")) if k != "leading" else float("nan")

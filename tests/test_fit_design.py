@@ -131,3 +131,64 @@ def test_noise_estimated_against_a_prior_that_misses_the_runs_by_nats_is_flagged
     est = _noise(None, None, [csv], dict(PAPER_COEFFICIENTS), None, None)
     assert max(est.run_sd, est.cell_sd) > 0.5
     assert "that is the law's misfit, not noise; pass --prior" in " ".join(capsys.readouterr().err.split())
+
+
+def test_the_point_misfit_seeds_do_not_average_is_estimated_apart_from_the_seed_noise():
+    """8 seeds of the probe study were no narrower than 4: the law missed each (budget, r, width) point by more
+    than the seed noise, and the old estimate folded that into the per-run noise that seeds average away."""
+    grid = paper_grid_table()
+    theta = params_to_theta(PAPER_COEFFICIENTS)
+    rng = np.random.default_rng(1)
+    m = 0.03 * rng.standard_normal(len(grid))  # a misfit per design point, the same for every seed
+    parts = []
+    for s in range(4):
+        d = synthetic_runs(0.459, sigma=0.01, seed=200 + s)
+        d["val_loss"] += m
+        parts.append(d.assign(run_id=d["run_id"] + f"_s{s}", seed=s))
+    noise = estimate_noise(pd.concat(parts, ignore_index=True), theta)
+    assert noise.run_sd == pytest.approx(0.01, rel=0.15) and noise.point_sd == pytest.approx(0.03, rel=0.25)
+    assert noise.misfit_sd == pytest.approx(np.hypot(noise.cell_sd, noise.point_sd))
+    fitted = estimate_noise(pd.concat(parts, ignore_index=True), theta, fitted=True)
+    assert fitted.point_sd > noise.point_sd and "dof-corrected" in fitted.source
+
+
+def test_a_point_misfit_is_shared_by_seeds_and_correlated_with_a_paired_technique():
+    from loopscale.fit.design import misfit_draw, point_keys, seed_means, simulate_table
+
+    grid = paper_grid_table().assign(seed=0)
+    two = pd.concat([grid, grid.assign(seed=1)], ignore_index=True)
+    theta = params_to_theta(PAPER_COEFFICIENTS)
+    nz = Noise(0.0, 0.0, point_sd=0.05, shared=1.0)
+    L = simulate_table(two, theta, nz, 0, 0)
+    assert np.allclose(L[: len(grid)], L[len(grid) :])  # no run noise: both seeds carry the point's misfit
+    same = misfit_draw(grid, nz, 0, 0, "technique")
+    assert np.allclose(same, misfit_draw(grid, nz, 0, 0))
+    half = misfit_draw(grid, Noise(0.0, 0.0, point_sd=0.05, shared=0.5), 0, 0, "technique")
+    assert 0.2 < np.corrcoef(half, misfit_draw(grid, nz, 0, 0))[0, 1] < 0.8
+    means, Lm = seed_means(two, L)
+    assert len(means) == len(grid) and (means["n_seeds"] == 2).all() and len(set(point_keys(means))) == len(grid)
+    assert np.allclose(Lm, L[: len(grid)])
+
+
+def test_simulated_paired_studies_read_delta_phi_three_ways_and_the_search_ranks_grids_by_cost():
+    from loopscale.fit.paired_design import READINGS, pair_variants, search_pair, simulate_pair
+
+    from test_fit_inference import DEMO_RUNS, LAW
+
+    g = pd.read_csv(DEMO_RUNS)
+    g = g[g["variant"] == "baseline"].reset_index(drop=True)
+    tech = g[g["r"] > 1].assign(D=g.loc[g["r"] > 1, "D"] * 1.2)  # its own accounting: more tokens
+    st = DesignSettings(sims=1, restarts=20, lr_draws=100, workers=1, delta=0.02)
+    prior = {**LAW, "phi": 0.6}
+    res = simulate_pair(g, tech, prior, 0.1, Noise(0.005, 0.0, point_sd=0.03), st)
+    assert res.sims == 1 and set(res.readings) == set(READINGS) and res.n_technique_runs == len(tech)
+    for r in res.readings.values():
+        assert r.n == 1 and r.median_half_width > 0 and 0 <= r.coverage <= 1
+    assert sum(res.leads.values()) == pytest.approx(1.0)
+    assert res.readings["paired (shared law)"].median_half_width < res.readings["separate fits"].median_half_width
+    vs = pair_variants(g, tech)
+    assert vs["2 seeds per point"][2] == 2.0 and len(vs["2 seeds per point"][0]) == 2 * len(g)
+    rows = search_pair(g, tech, prior, 0.1, Noise(0.005, 0.0, point_sd=0.03), st, sims=3)
+    assert [r.relative_cost for r in rows] == sorted(r.relative_cost for r in rows) and all(
+        r.sampling_half_width > 0 for r in rows
+    )

@@ -99,7 +99,7 @@ def _noise(
     def residual_noise(paths: Any) -> Any:
         t = load_runs(paths)
         t = t.with_r1_control(r1_from).for_variant(f"baseline@{r1_from}") if r1_from else t.for_variant("baseline")
-        return estimate_noise(t.df, params_to_theta(prior), source=t.source)
+        return estimate_noise(t.df, params_to_theta(prior), source=t.source, fitted=doc is not None)
 
     est = None
     if noise_from:
@@ -127,8 +127,40 @@ def _noise(
             est.run_sd if sigma is None else sigma,
             est.cell_sd if cell_sigma is None else cell_sigma,
             "flags" + (f" + {est.source}" if sigma is None or cell_sigma is None else ""),
+            point_sd=est.point_sd,
         )
     return est
+
+
+def _shared(noise: Any, doc: Any, technique: str, r1_from: str | None, runs: list[Path]) -> tuple[float, str]:
+    """How much of the law's misfit a technique shares with the reference (correlation rho), from the prior fit's
+    paired reading of it: its non-shared sd, less the seed noise of a point, is sqrt(1 - rho) x the misfit's sd.
+    1 (all shared) when the fit has no paired reading of the technique."""
+    import numpy as np
+
+    name = f"{technique}@{r1_from}" if r1_from else technique
+    rec = None
+    if doc is not None and name in doc.variants and doc.variant(name).inference is not None:
+        rec = (doc.variant(name).inference.paired_delta_phi or {}).get("shared_law")
+    misfit = noise.misfit_sd
+    if rec is None or misfit <= 0:
+        return 1.0, "assumed: all of the misfit shared (no paired reading of the technique in the prior fit)"
+    mean_loss, n_seeds = 1.0, 1.0
+    if runs:
+        from loopscale.fit import load_runs
+
+        df = load_runs(runs).df
+        mean_loss = float(df["val_loss"].mean())
+        n_seeds = float(df["seed"].nunique()) if "seed" in df.columns else 1.0
+    if doc is not None and doc.settings.get("seed_means") is False:
+        n_seeds = 1.0
+    own = float(rec["misfit"]["not_shared_sd"]) * mean_loss  # log loss -> nats, at the runs' mean loss
+    own2 = max(own**2 - noise.run_sd**2 / n_seeds, 0.0)
+    rho = float(np.clip(1 - own2 / misfit**2, 0.0, 1.0))
+    return rho, (
+        f"the prior fit's paired reading of {name}: non-shared sd {own:.4f} nats, {np.sqrt(own2):.4f} beyond the "
+        "seed noise of a point"
+    )
 
 
 @app.command()
@@ -165,6 +197,19 @@ def design(
             "Huber delta of the simulated fits (default: the spec's [fit] table, else the prior fit's, else 1e-3)."
         ),
     ),
+    technique: str | None = typer.Option(
+        None, "--technique", help="A spec variant read against the baseline: simulate its Δφ (separate and paired)."
+    ),
+    delta_phi: float = typer.Option(0.0, "--delta-phi", help="The technique's true Δφ in the simulations."),
+    seed_means: bool = typer.Option(
+        False, "--seed-means/--no-seed-means", help="Fit seed means, as `fit --seed-means` (the probes preset)."
+    ),
+    target_half: float | None = typer.Option(
+        None, "--target-half-width", help="Search for the cheapest grid whose Δφ half-width is at most this."
+    ),
+    hours: float | None = typer.Option(
+        None, "--hours", help="The machine's limit for the search: grids whose estimated time exceeds it say so."
+    ),
     workers: int = typer.Option(0, "--workers", help="Processes (0: one per CPU core)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the simulations."),
     set_: list[str] = typer.Option([], "--set", help="Spec override, e.g. sweep.seeds=[0,1]"),
@@ -187,8 +232,14 @@ def design(
     t0 = time.perf_counter()
     sp = load_spec(spec, set_)
     grid = planned_grid(sp, r1_from)
+    tech = planned_grid(sp, None, technique) if technique else None
     law, doc, prior_src = _prior(prior, variant)
     noise = _noise(sigma, cell_sigma, noise_from, law, doc, r1_from)
+    if technique:
+        import dataclasses
+
+        rho, rho_src = _shared(noise, doc, technique, r1_from, noise_from)
+        noise = dataclasses.replace(noise, shared=rho)
     fit_delta = delta
     if fit_delta is None:
         stored = doc.settings.get("delta", 1e-3) if doc is not None else 1e-3
@@ -202,7 +253,10 @@ def design(
         loss=sp.fit.loss,
         seed=seed,
         workers=workers,
+        seed_means=seed_means,
     )
+    pair_res = None
+    pair_rows: list[Any] = []
     with err_console.status("simulating") as status:
         res = simulate(grid, law, noise, settings, progress=lambda d, n: status.update(f"simulated study {d}/{n}"))
         rows: list[Any] = []
@@ -211,7 +265,31 @@ def design(
             rows, best = search(
                 grid, law, noise, settings, target=target, sims=search_sims, progress=lambda msg: status.update(msg)
             )
+        if tech is not None:
+            from loopscale.fit.paired_design import search_pair, simulate_pair
+
+            pair_res = simulate_pair(
+                grid,
+                tech,
+                law,
+                delta_phi,
+                noise,
+                settings,
+                progress=lambda d, n: status.update(f"simulated paired study {d}/{n}"),
+            )
+            if search_ or target_half is not None:
+                pair_rows = search_pair(
+                    grid,
+                    tech,
+                    law,
+                    delta_phi,
+                    noise,
+                    settings,
+                    sims=search_sims,
+                    progress=lambda msg: status.update(msg),
+                )
     wall = time.perf_counter() - t0
+    rate = _flops_per_s(noise_from, doc)
     if as_json:
         from dataclasses import asdict
 
@@ -225,11 +303,15 @@ def design(
             "search": [asdict(r) for r in rows],
             "target_width": target,
             "cheapest_reaching_target": None if best is None else asdict(best),
+            "paired": None if pair_res is None else {"technique": technique, **pair_res.as_dict()},
+            "pair_search": [asdict(r) for r in pair_rows],
             "wall_s": wall,
         }
         console.print_json(json.dumps(json_ready(doc_out)))
         return
     _print(sp, grid, res, rows, best, target, prior_src, law, wall, search_sims)
+    if pair_res is not None:
+        _print_pair(sp, technique, pair_res, pair_rows, target_half, hours, rate, rho_src, search_sims)
 
 
 def _pct(x: float) -> str:
@@ -343,3 +425,126 @@ def _print(
         + ")",
         highlight=False,
     )
+
+
+def _flops_per_s(runs: list[Path], doc: Any) -> tuple[float, float] | None:
+    """(FLOP/s of one run, runs at a time) measured on the pilot's runs (their budgets over their wall time), so
+    a grid's time is its FLOPs over both; None without timed runs."""
+    import os
+
+    paths = runs or ([Path(str(doc.source.get("path", "")))] if doc is not None else [])
+    paths = [p for p in paths if p.exists()]
+    if not paths:
+        return None
+    from loopscale.fit import load_runs
+
+    df = load_runs(paths).df
+    if "wall_s" not in df.columns or "C" not in df.columns:
+        return None
+    ok = df["wall_s"].notna() & (df["wall_s"] > 0)
+    if not ok.any():
+        return None
+    slots = max(1, (os.cpu_count() or 1) // max(1, int(df["threads"].max()) if "threads" in df.columns else 1))
+    return float(df.loc[ok, "C"].sum() / df.loc[ok, "wall_s"].sum()), float(slots)
+
+
+def _print_pair(
+    sp: Any,
+    technique: str | None,
+    res: Any,
+    rows: list[Any],
+    target: float | None,
+    hours: float | None,
+    rate: tuple[float, float] | None,
+    rho_src: str,
+    search_sims: int,
+) -> None:
+    st = res.settings
+    lvl = f"{100 * st.ci_level:.0f}%"
+    console.print(
+        f"Δφ of [bold]{escape(str(technique))}[/] against the baseline: {res.n_technique_runs} runs of its own, "
+        f"true Δφ {res.delta_phi:+.3f}; the misfit (sd {res.noise.misfit_sd:.4f} nats per point) shared with "
+        f"correlation {res.noise.shared:.2f} ({escape(rho_src)})" + ("; seed means" if st.seed_means else ""),
+        highlight=False,
+        soft_wrap=True,
+        markup=True,
+    )
+    t = Table(
+        title=f"Δφ over {res.sims} simulated paired studies ({st.lr_draws} wild-bootstrap tables, "
+        f"{st.restarts} starts each)",
+        box=box.SIMPLE_HEAVY,
+    )
+    for c in ("reading", f"median {lvl} half-width", "mean", "coverage", "P(excludes 0)", "bias", "leads"):
+        t.add_column(c, justify="right")
+    for name, r in res.readings.items():
+        lead = res.leads.get(name)
+        t.add_row(
+            name,
+            f"{r.median_half_width:.3f}",
+            f"{r.mean_half_width:.3f}",
+            _pct(r.coverage),
+            _pct(r.reject_0),
+            f"{r.bias:+.3f}",
+            "" if lead is None else _pct(lead),
+        )
+    console.print(t)
+    if not rows:
+        return
+    base_hw = rows[[r.name for r in rows].index("as planned")].sampling_half_width
+    lead_hw = res.readings["leading"].median_half_width
+    s = Table(
+        title=f"grid variants, cheapest first (Δφ half-width: the paired shared-law estimate's sampling spread over "
+        f"{search_sims} simulations, scaled to the leading reading's calibrated width as planned)",
+        box=box.SIMPLE_HEAVY,
+    )
+    for c in ("variant", "runs", "cost", "est. time", "Δφ half-width", "P(at box)"):
+        s.add_column(c, justify="right")
+    total = float(sum(rs.C for rs in sp.runs()))
+    best = None
+    for row in rows:
+        hw = row.sampling_half_width * (lead_hw / base_hw if base_hw == base_hw and base_hw > 0 else 1.0)
+        secs = None if rate is None else total * row.relative_cost / (rate[0] * rate[1])
+        fits = hours is None or secs is None or secs <= hours * 3600
+        if target is not None and hw <= target and row.at_bound < 0.05 and fits and best is None:
+            best = (row, hw, secs)
+        s.add_row(
+            escape(row.name),
+            str(row.n_runs),
+            f"{row.relative_cost:.2f}×",
+            "?" if secs is None else f"{secs / 3600:.1f} h",
+            f"{hw:.3f}",
+            _pct(row.at_bound),
+        )
+    console.print(s)
+    if rate is not None:
+        console.print(
+            f"time: the whole spec's {total:.3g} FLOPs x cost at {rate[0]:.3g} FLOP/s per run, {rate[1]:.0f} at a "
+            "time (the pilot's runs)",
+            highlight=False,
+        )
+    if target is None:
+        return
+    if best is not None:
+        row, hw, secs = best
+        when = "" if secs is None else f", ≈ {secs / 3600:.1f} h"
+        console.print(
+            f"cheapest grid with a Δφ half-width ≤ {target:g}: [bold]{escape(row.name)}[/] ({hw:.3f}{when})",
+            markup=True,
+            highlight=False,
+        )
+        return
+    reach = [r for r in rows if r.sampling_half_width * (lead_hw / base_hw) <= target and r.at_bound < 0.05]
+    if reach and rate is not None:
+        r0 = reach[0]
+        secs = total * r0.relative_cost / (rate[0] * rate[1])
+        console.print(
+            f"[bold red]beyond this machine[/]: the cheapest grid reaching a Δφ half-width ≤ {target:g} is "
+            f"{escape(r0.name)}, ≈ {secs / 3600:.1f} h ({total * r0.relative_cost:.3g} FLOPs), over the "
+            f"{hours:g} h limit",
+            markup=True,
+            highlight=False,
+        )
+    else:
+        console.print(
+            f"[bold red]no variant reaches a Δφ half-width of {target:g}[/]; try more seeds or budgets", markup=True
+        )

@@ -93,6 +93,7 @@ class DesignSettings:
     phi_bounds: tuple[float, float] = (-3.0, 3.0)
     seed: int = 0
     workers: int = 0  # 0: one per CPU core (at most sims)
+    seed_means: bool = False  # fit one row per design point, its seeds' mean loss (as `fit --seed-means`)
 
 
 # ---- the grid --------------------------------------------------------------------------------
@@ -159,6 +160,16 @@ def estimate_noise(runs: pd.DataFrame, theta: np.ndarray, source: str = "runs ta
     return Noise(float(np.sqrt(run_var)), float(np.sqrt(cell_var * scale)), f"{source} (within-cell residuals)")
 
 
+def seed_means(grid: pd.DataFrame, L: np.ndarray) -> tuple[pd.DataFrame, np.ndarray]:
+    """One row per design point (``point_keys``) with its seeds' mean loss and ``n_seeds``: the table
+    `loopscale fit --seed-means` fits."""
+    keys = point_keys(grid)
+    g = grid.assign(_p=keys, _L=L).groupby("_p", sort=False)
+    out = g.head(1).drop(columns=["_p", "_L"]).reset_index(drop=True)
+    out["n_seeds"] = g.size().to_numpy()
+    return out, g["_L"].mean().to_numpy()
+
+
 def _keyed_normal(keys: Iterable[str], seed: int, i: int) -> np.ndarray:
     """One standard normal per key, the same for the same key in every grid (common random numbers: a grid
     variant that keeps a run keeps its noise, so variants differ by design, not by draw)."""
@@ -204,8 +215,10 @@ def _one(job: tuple[pd.DataFrame, np.ndarray, Noise, DesignSettings, int, bool])
     """Simulate and fit one study (runs in a worker process)."""
     grid, theta, noise, st, i, with_bootstrap = job
     rng = np.random.default_rng([st.seed, i])
-    cells = grid_cells(grid)
     L = simulate_table(grid, theta, noise, st.seed, i)
+    if st.seed_means:
+        grid, L = seed_means(grid, L)
+    cells = grid_cells(grid)
     data = LawData.from_arrays(grid["N_once"], grid["N_rec"], grid["D"], grid["r"], L)
     bounds = Bounds.paper(st.phi_bounds)
     if not np.all(L > 0):

@@ -22,7 +22,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from loopscale.fit.design import DesignSettings, Noise, check_grid, point_keys, run_jobs, simulate_table, study_cost
+from loopscale.fit.design import (
+    DesignSettings,
+    Noise,
+    check_grid,
+    point_keys,
+    run_jobs,
+    seed_means,
+    simulate_table,
+    study_cost,
+)
 from loopscale.fit.law.formula import PHI, LawData, params_to_theta
 
 READINGS: tuple[str, ...] = ("separate fits", "paired (shared law)", "paired (separate laws)", "leading")
@@ -37,22 +46,17 @@ class PairJob:
     noise: Noise
     settings: DesignSettings
     i: int
-    seed_means: bool
     pattern: dict[str, float] | None  # a fixed lack of fit per design point (``point_keys``), both recipes
     ref_misfit: bool = True  # False: the reference's runs carry the pattern and their run noise only
 
 
-def _table(grid: pd.DataFrame, L: np.ndarray, variant: str, seed_means: bool) -> pd.DataFrame:
-    df = grid.assign(val_loss=L, variant=variant, status="ok")
+def _table(grid: pd.DataFrame, L: np.ndarray, variant: str, means: bool) -> pd.DataFrame:
+    """A simulated runs table of one recipe (seed means with ``means``, as `fit --seed-means` reads it)."""
+    if means:
+        grid, L = seed_means(grid, L)
+    df = grid.assign(val_loss=L, variant=variant, status="ok").reset_index(drop=True)
     df["run_id"] = [f"{variant}_{k}_s{s}" for k, s in zip(point_keys(df), df["seed"], strict=True)]
-    if not seed_means:
-        return df.reset_index(drop=True)
-    df = df.assign(_p=point_keys(df))
-    g = df.groupby("_p", sort=False)
-    out = g.head(1).drop(columns="_p").reset_index(drop=True)
-    out["val_loss"] = g["val_loss"].mean().to_numpy()
-    out["n_seeds"] = g.size().to_numpy()
-    return out
+    return df
 
 
 def _reading(rec: dict[str, Any] | None, truth: float) -> dict[str, Any]:
@@ -89,8 +93,8 @@ def one_study(job: PairJob) -> dict[str, Any]:
         L_v = L_v + np.array([job.pattern.get(k, 0.0) for k in point_keys(job.tech)])
     if not (np.all(L_r > 0) and np.all(L_v > 0)):
         return {k: _reading(None, job.delta_phi) for k in READINGS} | {"lead": None}
-    ref = _table(job.grid, L_r, "baseline", job.seed_means)
-    var = _table(job.tech, L_v, "technique", job.seed_means)
+    ref = _table(job.grid, L_r, "baseline", st.seed_means)
+    var = _table(job.tech, L_v, "technique", st.seed_means)
     own = pd.concat([ref[ref["r"] == 1], var], ignore_index=True)  # the technique's fit: the shared r = 1 runs
     cells, _ = bootstrap_cells(pd.concat([ref, var], ignore_index=True))
     cells_r, cells_v = cells[: len(ref)], cells[len(ref) :]
@@ -162,7 +166,6 @@ class PairedDesignResult:
     sims: int
     readings: dict[str, ReadingSummary]
     leads: dict[str, float]  # share of studies whose leading reading is each one
-    seed_means: bool
     wall_s: float = 0.0
     rows: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
@@ -180,7 +183,6 @@ def simulate_pair(
     noise: Noise,
     settings: DesignSettings | None = None,
     *,
-    seed_means: bool = False,
     pattern: dict[str, float] | None = None,
     ref_misfit: bool = True,
     progress: Callable[[int, int], None] | None = None,
@@ -201,9 +203,7 @@ def simulate_pair(
     for df in (g, t):
         if "seed" not in df.columns:
             df["seed"] = 0
-    jobs = [
-        PairJob(g, t, theta, float(delta_phi), noise, st, i, seed_means, pattern, ref_misfit) for i in range(st.sims)
-    ]
+    jobs = [PairJob(g, t, theta, float(delta_phi), noise, st, i, pattern, ref_misfit) for i in range(st.sims)]
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)
         rows = run_jobs(one_study, jobs, st.workers, progress)
@@ -218,7 +218,97 @@ def simulate_pair(
         sims=len(rows),
         readings={k: ReadingSummary.of([r[k] for r in rows], float(delta_phi)) for k in READINGS},
         leads={k: float(np.mean([x == k for x in leads])) if leads else np.nan for k in READINGS[:3]},
-        seed_means=seed_means,
         wall_s=time.perf_counter() - t0,
         rows=rows,
     )
+
+
+# ---- the search: which grid reaches a Δφ half-width? ------------------------------------------
+def _quick_delta(job: PairJob) -> dict[str, Any]:
+    """The shared-law paired Δφ of one simulated study, no bootstrap (the search's sampling spread)."""
+    from loopscale.fit.inference import paired
+    from loopscale.fit.law.solver import Bounds
+    from loopscale.fit.parts import bootstrap_cells
+
+    st = job.settings
+    theta_v = job.theta.copy()
+    theta_v[PHI] += job.delta_phi
+    L_r = simulate_table(job.grid, job.theta, job.noise, st.seed, job.i)
+    L_v = simulate_table(job.tech, theta_v, job.noise, st.seed, job.i, recipe="technique")
+    ref = _table(job.grid, L_r, "baseline", st.seed_means)
+    var = _table(job.tech, L_v, "technique", st.seed_means)
+    cells, _ = bootstrap_cells(pd.concat([ref, var], ignore_index=True))
+    pair = paired.Pairing.of(ref, var, cells[: len(ref)], cells[len(ref) :])
+    bounds = Bounds.paper(st.phi_bounds)
+    fit = paired.fit_paired(pair, bounds, paired.starts_from(job.theta), seed=st.seed + job.i, random=8)
+    lo, hi = paired.DELTA_BOUNDS
+    return {"delta_phi": fit.delta_phi, "at_bound": min(fit.delta_phi - lo, hi - fit.delta_phi) < 1e-3}
+
+
+def pair_variants(grid: pd.DataFrame, tech: pd.DataFrame) -> dict[str, tuple[pd.DataFrame, pd.DataFrame, float]]:
+    """Dearer and cheaper versions of a paired grid, each with its cost relative to the planned one: seeds per
+    point halved, doubled, quadrupled; budgets x2 and x4 (same widths, tokens scaled with C); both."""
+    n = int(grid["seed"].nunique())
+
+    def seeds(df: pd.DataFrame, k: int) -> pd.DataFrame:
+        first = df[df["seed"] == df["seed"].min()]
+        return pd.concat([first.assign(seed=j) for j in range(k)], ignore_index=True)
+
+    def budgets(df: pd.DataFrame, f: float) -> pd.DataFrame:
+        return df.assign(C=df["C"] * f, D=df["D"] * f)
+
+    out: dict[str, tuple[pd.DataFrame, pd.DataFrame, float]] = {"as planned": (grid, tech, 1.0)}
+    for k in sorted({max(1, n // 2), 2 * n, 4 * n} - {n}):
+        out[f"{k} seeds per point"] = (seeds(grid, k), seeds(tech, k), k / n)
+    for f in (2.0, 4.0):
+        out[f"budgets x {f:g}"] = (budgets(grid, f), budgets(tech, f), f)
+        out[f"budgets x {f:g}, {2 * n} seeds"] = (budgets(seeds(grid, 2 * n), f), budgets(seeds(tech, 2 * n), f), 2 * f)
+    return out
+
+
+@dataclass
+class PairSearchRow:
+    name: str
+    n_runs: int
+    relative_cost: float
+    sampling_half_width: float  # z x sd of the shared-law paired Δφ over simulations (no bootstrap)
+    bias: float
+    at_bound: float
+
+
+def search_pair(
+    grid: pd.DataFrame,
+    tech: pd.DataFrame,
+    prior: dict[str, float],
+    delta_phi: float,
+    noise: Noise,
+    settings: DesignSettings | None = None,
+    *,
+    sims: int = 16,
+    progress: Callable[[str], None] | None = None,
+) -> list[PairSearchRow]:
+    """Every variant of ``pair_variants``, its relative cost and the shared-law paired Δφ's sampling half-width,
+    cheapest first."""
+    import warnings
+
+    from scipy.stats import norm
+
+    st = settings or DesignSettings()
+    z = float(norm.ppf(0.5 + st.ci_level / 2))
+    theta = params_to_theta(prior)
+    rows = []
+    for name, (g, t, cost) in pair_variants(grid, tech).items():
+        if progress:
+            progress(f"search: {name} ({len(g) + len(t)} runs)")
+        jobs = [PairJob(g, t, theta, float(delta_phi), noise, st, i, None) for i in range(sims)]
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore", RuntimeWarning)
+            out = run_jobs(_quick_delta, jobs, st.workers, None)
+        d = np.array([o["delta_phi"] for o in out], dtype=float)
+        bound = np.array([o["at_bound"] for o in out], dtype=bool)
+        ok = d[~bound & np.isfinite(d)]
+        hw = z * float(np.std(ok, ddof=1)) if ok.size >= 3 else float("nan")
+        bias = float(np.median(ok) - delta_phi) if ok.size else float("nan")
+        rows.append(PairSearchRow(name, len(g) + len(t), cost, hw, bias, float(np.mean(bound))))
+    rows.sort(key=lambda r: r.relative_cost)
+    return rows
