@@ -114,3 +114,20 @@ def phi_ci(x: Any, ci: Any = None, digits: int = PHI_DIGITS) -> str:
         return UNDETERMINED
     bracket = phi_interval(ci, digits)
     return phi(x, digits) if bracket == MISSING else f"{phi(x, digits)} {bracket}"
+
+
+# ---- the names intervals are shown with (docs/report.md, "Which interval is quoted") ----------------
+#: φ's and Δφ's quoted interval: the calibrated profile-likelihood interval of the variant's ``inference`` record.
+PROFILE = "profile likelihood"
+#: the same, in full, where there is room for it (the verdict box, the fit table's note).
+PROFILE_LONG = "profile likelihood, calibrated by a wild cluster bootstrap over (budget, r) cells"
+#: the coefficients' (α, β, E, A, B) and every derived quantity's interval: the block bootstrap's percentiles.
+BLOCK_BOOTSTRAP = "block bootstrap"
+#: φ's and Δφ's second interval, beside the quoted one (``bootstrap.ci.phi``, ``delta_phi[].secondary_ci``).
+SECONDARY = "block bootstrap percentile, secondary"
+
+
+def interval_method(method: str | None) -> str:
+    """The short name of the method ``Verdict.method`` names: the profile likelihood, or (a fit file written
+    before the calibrated inference) the block bootstrap's percentile interval, then the only one there is."""
+    return PROFILE if method in (None, "profile likelihood") else "block bootstrap percentile"

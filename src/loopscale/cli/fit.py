@@ -19,7 +19,21 @@ from rich.table import Table
 from loopscale import grids
 from loopscale.cli.app import app, console, err_console
 from loopscale.fit.settings import FitSettings
-from loopscale.numbers import MISSING, PHI_DIGITS, count, flops, interval, num, phi_ci, phi_interval, signed
+from loopscale.numbers import (
+    BLOCK_BOOTSTRAP,
+    MISSING,
+    PHI_DIGITS,
+    PROFILE,
+    SECONDARY,
+    count,
+    flops,
+    interval,
+    interval_method,
+    num,
+    phi_ci,
+    phi_interval,
+    signed,
+)
 from loopscale.numbers import phi as phi_txt
 
 if TYPE_CHECKING:
@@ -192,8 +206,12 @@ def _verdicts(res: FitResult) -> dict[str, Any]:
 
 
 def _phi_line(v: Any) -> str:
-    """φ with its interval as the report prints it, then the verdict: "φ = 0.461 [0.410, 0.530], resolved: ..."."""
-    return ("φ " if v.phi is None else f"φ = {phi_ci(v.phi, v.ci)}, ") + v.sentence
+    """φ with its interval as the report prints it, the interval's method, then the verdict:
+    "φ = 0.461 [0.410, 0.530] (95%, profile likelihood), resolved: ..."."""
+    if v.phi is None:
+        return "φ " + v.sentence
+    method = f" ({v.ci_level:.0%}, {interval_method(v.method)})" if v.ci is not None else ""
+    return f"φ = {phi_ci(v.phi, v.ci)}{method}, " + v.sentence
 
 
 def _print_verdicts(result: FitResult) -> None:
@@ -203,8 +221,6 @@ def _print_verdicts(result: FitResult) -> None:
         console.print(
             f"[{colour}]{escape(name)}: {escape(_phi_line(v))}[/]", highlight=False, soft_wrap=True, markup=True
         )
-        if v.ci is not None:
-            console.print(f"  interval: {escape(v.method)}, {v.ci_level:.0%}", highlight=False, soft_wrap=True)
         for c in v.claims:
             console.print(f"  {escape(c)}", highlight=False, soft_wrap=True)
         for c in v.caveats:
@@ -217,10 +233,10 @@ def _print_compare(cmp: dict[str, Any], style: box.Box) -> None:
     for c in (
         "quantity",
         "fitted",
-        f"{level} CI",
+        f"{level} CI ({BLOCK_BOOTSTRAP})",
         "reference",
         "difference",
-        f"{level} CI of difference",
+        f"{level} CI of difference ({BLOCK_BOOTSTRAP})",
         "p-value",
         "consistent",
         "p (calibrated, = ref value)",
@@ -274,7 +290,7 @@ def _summary(res: FitResult) -> dict[str, Any]:
         out["variants"][name]["held_out"].update({k: x.get("held_out") for k, x in v.law_variants.items()})
     for d in res.delta_phi:
         row = {k: d.get(k) for k in ("reference", "variant", "delta_phi", "ci", "fraction_above_zero", "leading")}
-        inf = res.variants[d.variant].inference if d.variant in res.variants else None
+        inf: Any = res.variants[d.variant].inference if d.variant in res.variants else None
         paired = (inf or {}).get("paired_delta_phi")
         row["paired"] = None
         if paired:
@@ -299,18 +315,22 @@ def _print_fit(res: FitResult, markdown: bool) -> None:
         t.add_column("quantity")
         t.add_column("value", justify="right")
         t.add_column(level, justify="right")
+        t.add_column("interval's method")
         state = res.phi_state(name)
         phi_cell = "undetermined (no r > 1 runs)" if state is PhiState.UNDETERMINED else phi_txt(p.phi)
         if state is PhiState.FIXED:
             phi_cell += " (fixed)"
         prof = ((rec.inference.phi if rec.inference else None) or {}).get("ci")
-        if prof is not None:  # the calibrated interval first; the block bootstrap's below it (secondary)
-            t.add_row("phi", phi_cell, phi_interval(prof) + " (profile)")
-            t.add_row("", "", phi_interval(cis.get("phi")) + " (block bootstrap)")
+        boot = phi_interval(cis.get("phi"))
+        if prof is not None:  # the calibrated interval, quoted; the block bootstrap's below it (secondary)
+            t.add_row("phi", phi_cell, phi_interval(prof), f"{PROFILE} (quoted)")
+            if boot != MISSING:
+                t.add_row("phi, secondary", "", boot, SECONDARY)
         else:
-            t.add_row("phi", phi_cell, phi_interval(cis.get("phi")))
+            t.add_row("phi", phi_cell, boot, "" if boot == MISSING else "block bootstrap percentile")
         for k in ("alpha", "beta", "E", "A", "B"):
-            t.add_row(k, num(getattr(p, k)), interval(cis.get(k)))
+            ci = interval(cis.get(k))
+            t.add_row(k, num(getattr(p, k)), ci, "" if ci == MISSING else BLOCK_BOOTSTRAP)
         t.add_row("R^2 (raw nats)", num(rec.metrics.r2), "")
         per_r = ", ".join(f"r={r}: {x:.4f}" for r, x in rec.metrics.rmse_per_r.items())
         t.add_row("RMSE (nats)", num(rec.metrics.rmse), per_r)
@@ -370,9 +390,8 @@ def _print_delta_phi(res: FitResult, style: box.Box, level: str) -> None:
     for d in res.delta_phi:
         lead = (d.leading or {}).get("reading")
         inf = d.inference or {}
-        paired = (
-            (res.variants[d.variant].inference or {}).get("paired_delta_phi") if d.variant in res.variants else None
-        )
+        own: Any = res.variants[d.variant].inference if d.variant in res.variants else None
+        paired = (own or {}).get("paired_delta_phi")
         rows = [
             ("separate fits (profile)", inf.get("estimate", d.delta_phi), inf.get("ci"), inf, lead == "separate fits")
         ]
@@ -394,12 +413,12 @@ def _print_delta_phi(res: FitResult, style: box.Box, level: str) -> None:
                 MISSING if test.get("p") is None else f"{test['p']:.3g}",
                 "← leads" if leads else "",
             )
-        sec = (inf.get("secondary") or {}).get("ci")
+        sec = d.secondary_ci or (inf.get("secondary") or {}).get("ci")
         if sec:
             t.add_row(
                 d.variant,
                 d.reference,
-                "block bootstrap (percentile)",
+                SECONDARY,
                 "",
                 interval(sec, PHI_DIGITS, is_signed=True),
                 "",
@@ -408,7 +427,7 @@ def _print_delta_phi(res: FitResult, style: box.Box, level: str) -> None:
         sh = d.shared or {}
         if isinstance(sh.get("delta_phi"), int | float):
             held = (sh.get("held_out") or {}).get("supported")
-            note = {"shared": "held-out: not contradicted", "separate": "held-out: contradicted"}.get(held, "")
+            note = {"shared": "held-out: not contradicted", "separate": "held-out: contradicted"}.get(str(held), "")
             t.add_row(
                 d.variant, d.reference, "shared law (no interval)", signed(sh["delta_phi"], PHI_DIGITS), "", "", note
             )
@@ -428,7 +447,7 @@ def _print_frontier(res: FitResult, style: box.Box, level: str) -> None:
     cis = v.bootstrap.ci
     emp = {(e["C"], e["r"]): e for e in v.optima.get("empirical", [])}
     t = Table(title=f"compute-optimal frontier (law) - {res.reference}", box=style)
-    for c in ("C", "r", "d*", "N*", "D*", "D/N", "L*", "gap to r=1", level, "empirical gap"):
+    for c in ("C", "r", "d*", "N*", "D*", "D/N", "L*", "gap to r=1", f"{level} ({BLOCK_BOOTSTRAP})", "empirical gap"):
         t.add_column(c, justify="right")
     for row in rows:
         ci = cis.get(f"gap_to_r1_r{row['r']}_C{row['C']:.3g}")
@@ -447,6 +466,12 @@ def _print_frontier(res: FitResult, style: box.Box, level: str) -> None:
             egap,
         )
     console.print(t)
+
+
+def _ci_kind(kind: str) -> str:
+    """The plan's loss interval, named by its method: the law at every block-bootstrap draw of the fit file
+    ("bootstrap 95%"), or the paper's φ interval alone ("phi CI only")."""
+    return f"{BLOCK_BOOTSTRAP} {kind.removeprefix('bootstrap ')}" if kind.startswith("bootstrap ") else kind
 
 
 @app.command()
@@ -560,7 +585,7 @@ def plan(
         "D/N",
         "steps",
         "loss",
-        "CI",
+        "loss CI",
         "gap to r=1",
     ):
         t.add_column(c, justify="right")
@@ -589,9 +614,9 @@ def plan(
             console.print(
                 "the looped rows rest on a φ the fit does not pin down; treat their losses as unknown", highlight=False
             )
-    kinds = {row["ci_kind"] for row in rows if row["ci_kind"]}
+    kinds = {_ci_kind(row["ci_kind"]) for row in rows if row["ci_kind"]}
     if kinds:
-        console.print(f"CI: {', '.join(sorted(kinds))}", highlight=False)
+        console.print(f"loss CI: {', '.join(sorted(kinds))}", highlight=False)
     best = min(rows, key=lambda row: row["loss"])
     console.print(
         f"lowest predicted loss: r = {best['r']} at d_model = {best['d_model']} on {count(best['D'])} tokens "

@@ -521,7 +521,7 @@ def fig_phi(ctx: ReportContext) -> Figure:
 def _phi_histogram(ax: Axes, ctx: ReportContext) -> None:
     v = ctx.verdict
     draws = _phi_draws(ctx.record)
-    ax.set_title("bootstrap of φ")
+    ax.set_title("block bootstrap of φ, quoted interval")
     if v.phi is None:
         _empty(ax, "")
         ax.text(
@@ -549,11 +549,22 @@ def _phi_histogram(ax: Axes, ctx: ReportContext) -> None:
     else:
         ax.text(0.5, 0.8, "no bootstrap draws", transform=ax.transAxes, ha="center", color="#555555")
     if v.ci is not None:
-        ax.axvspan(*v.ci, color="#0072B2", alpha=0.13, linewidth=0, label=f"{v.ci_level:.0%} CI")
+        quoted = "profile likelihood" if v.method == "profile likelihood" else "percentile"
+        ax.axvspan(*v.ci, color="#0072B2", alpha=0.13, linewidth=0, label=f"{v.ci_level:.0%} CI, {quoted} (quoted)")
         for end in v.ci:
             ax.axvline(end, color="#0072B2", linestyle="--", linewidth=1.1)
+    secondary = ctx.variant_fit.bootstrap.ci_of("phi") if v.method == "profile likelihood" else None
+    if secondary is not None and draws.size:
+        for k, end in enumerate(secondary):
+            ax.axvline(
+                end,
+                color="#555555",
+                linestyle=":",
+                linewidth=1.1,
+                label="percentile CI (secondary)" if k == 0 else None,
+            )
     ax.axvline(v.phi, color="#000000", linewidth=2.0, label=f"estimate {v.phi:.3f}")
-    pts = [v.phi, *(v.ci or ()), *draws.tolist()]
+    pts = [v.phi, *(v.ci or ()), *(secondary or ()), *draws.tolist()]
     lo, hi = min(pts), max(pts)
     pad = max(0.25 * (hi - lo), 0.02)
     ax.set_xlim(lo - pad, hi + pad)
@@ -597,11 +608,15 @@ def _probe_panel(ax: Axes, ctx: ReportContext) -> None:
         vd = ctx.verdicts[name]
         label = name + (" (ref.)" if name == ctx.variant and len(names) > 1 else "")
         d = dphi.get(name)
-        if d is not None and d.get("delta_phi") is not None:
-            ci_d = d.get("ci") or [None, None]
-            label += f"\nΔφ {d['delta_phi']:+.3f}"
+        lead = (d or {}).get("leading") or {}
+        est = lead.get("estimate", (d or {}).get("delta_phi"))
+        if d is not None and est is not None:  # the leading reading's estimate with its own interval
+            ci_d = lead.get("ci") or d.get("ci") or [None, None]
+            label += f"\nΔφ {est:+.3f}"
             if ci_d[0] is not None:
                 label += f" [{ci_d[0]:+.2f}, {ci_d[1]:+.2f}]"
+            if lead.get("reading"):
+                label += f"\n({lead['reading']})"
         if vd.phi is not None and not vd.resolved:
             label += "\nnot resolved"
         rows.append((label, vd.phi, vd.ci, vd.resolved, name))

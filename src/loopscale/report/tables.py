@@ -14,11 +14,24 @@ import pandas as pd
 from loopscale.fit.inference.paired import reading
 from loopscale.fit.law.formula import equivalent_N
 from loopscale.fit.table import r1_anchor
-from loopscale.numbers import MISSING, PHI_DIGITS, count, flops, interval, num, phi_ci, phi_interval, signed
+from loopscale.numbers import (
+    BLOCK_BOOTSTRAP,
+    MISSING,
+    PHI_DIGITS,
+    SECONDARY,
+    count,
+    flops,
+    interval,
+    interval_method,
+    num,
+    phi_ci,
+    phi_interval,
+    signed,
+)
 from loopscale.numbers import phi as phi_txt
 from loopscale.report.context import ReportContext
 from loopscale.report.data import axes_scores, axis_order, equivalence_ratios, tt_scores
-from loopscale.report.honesty import delta_phi_reading, loss_gap_verdict
+from loopscale.report.honesty import Verdict
 from loopscale.report.inputs import AXIS_TITLES
 
 
@@ -60,17 +73,24 @@ class Table:
 
 # ---- the tables --------------------------------------------------------------------------------
 def coefficients_table(ctx: ReportContext) -> Table:
+    """The joint law's coefficients, each interval named by its method: φ's quoted interval is the verdict's (the
+    calibrated profile likelihood of ``inference.phi``), the block bootstrap's percentile interval of φ follows it
+    as the secondary one, and α, β, E, A, B have the block bootstrap's only."""
     rec, v = ctx.record, ctx.verdict
     p = ctx.variant_fit.params.as_dict()
     cis = ctx.variant_fit.bootstrap.ci
-    level = f"{v.ci_level:.0%} CI"
     rows, classes = [], []
     undetermined = ctx.variant_fit.phi_undetermined
     phi_val = "undetermined" if undetermined else phi_txt(p["phi"])
     if not undetermined and not v.resolved:
         phi_val += " (not resolved)"
-    rows.append(["φ (recurrence-equivalence exponent)", phi_val, phi_interval(cis.get("phi"))])
+    quoted = phi_interval(v.ci)
+    rows.append(["φ (recurrence-equivalence exponent)", phi_val, quoted, "" if quoted == MISSING else _quoted(v)])
     classes.append("phi" if v.resolved else "phi bad")
+    secondary = phi_interval(cis.get("phi"))
+    if v.method == "profile likelihood" and secondary != MISSING:
+        rows.append(["φ, secondary interval", "", secondary, SECONDARY])
+        classes.append("")
     for key, name in (
         ("alpha", "α (size exponent)"),
         ("beta", "β (data exponent)"),
@@ -78,14 +98,15 @@ def coefficients_table(ctx: ReportContext) -> Table:
         ("A", "A"),
         ("B", "B"),
     ):
-        rows.append([name, num(p[key]), interval(cis.get(key))])
+        ci = interval(cis.get(key))
+        rows.append([name, num(p[key]), ci, "" if ci == MISSING else BLOCK_BOOTSTRAP])
         classes.append("")
     m = rec["metrics"]
-    rows.append(["R² (raw nats)", num(m["r2"]), ""])
+    rows.append(["R² (raw nats)", num(m["r2"]), "", ""])
     per_r = ", ".join(f"r={r}: {x:.4f}" for r, x in (m.get("rmse_per_r") or {}).items())
-    rows.append(["RMSE (nats/token)", num(m["rmse"]), per_r])
+    rows.append(["RMSE (nats/token)", num(m["rmse"]), per_r, ""])
     for key, rf in (rec.get("restricted") or {}).items():
-        rows.append([f"restricted fit {key.replace('phi', 'φ')}: R²", num(rf["r2"]), f"RMSE {rf['rmse']:.4f}"])
+        rows.append([f"restricted fit {key.replace('phi', 'φ')}: R²", num(rf["r2"]), f"RMSE {rf['rmse']:.4f}", ""])
     for label, ho in (
         ("free fit", (rec.get("checks") or {}).get("held_out")),
         *(
@@ -100,11 +121,14 @@ def coefficients_table(ctx: ReportContext) -> Table:
                     f"{label}: held-out RMSE, top budget",
                     num(ho["extrapolation_rmse"]),
                     "" if lor is None else f"leave-one-r-out {lor:.4f}",
+                    "",
                 ]
             )
     for r, cf in (rec.get("per_r") or {}).items():
         cp = cf["params"]
-        rows.append([f"Chinchilla fit r = {r} alone: R²", num(cf["r2"]), f"α {cp['alpha']:.3f}, β {cp['beta']:.3f}"])
+        rows.append(
+            [f"Chinchilla fit r = {r} alone: R²", num(cf["r2"]), f"α {cp['alpha']:.3f}, β {cp['beta']:.3f}", ""]
+        )
     classes += [""] * (len(rows) - len(classes))
     vf = ctx.variant_fit
     n_near = 1 if vf.law.n_near_optimal is None else vf.law.n_near_optimal
@@ -116,11 +140,16 @@ def coefficients_table(ctx: ReportContext) -> Table:
     return Table(
         "tab-coefficients",
         "joint law L = E + A (N_once + r^φ N_rec)^−α + B D^−β",
-        ["quantity", "value", level],
+        ["quantity", "value", f"{v.ci_level:.0%} interval, or detail", "interval's method"],
         rows,
         note,
         classes,
     )
+
+
+def _quoted(v: Verdict) -> str:
+    """The method of the verdict's interval, as the coefficients table names it."""
+    return f"{interval_method(v.method)} (quoted)"
 
 
 def delta_phi_table(ctx: ReportContext) -> Table | None:
@@ -138,14 +167,14 @@ def delta_phi_table(ctx: ReportContext) -> Table | None:
         if vd.phi is not None and not vd.resolved:
             phi += " — not resolved"
         if name == ctx.variant:
-            rows.append([name + " (reference)", phi, "–", "–", "–", "–", "–", "–", "–", "reference"])
+            rows.append([name + " (reference)", phi, *["–"] * 8, "reference"])
         elif d is None:
             why = (
                 "read against other r = 1 runs than the reference"
                 if r1_anchor(name) != r1_anchor(ctx.variant)
                 else "φ undetermined"
             )
-            rows.append([name, phi, "–", "–", "–", "–", "–", "–", "–", f"Δφ not computed ({why})"])
+            rows.append([name, phi, *["–"] * 8, f"Δφ not computed ({why})"])
         else:
             gap = d.get("loss_gap") or {}
             gap_cell = (
@@ -154,9 +183,6 @@ def delta_phi_table(ctx: ReportContext) -> Table | None:
                 else "–"
             )
             lead = d.get("leading") or {}
-            reading = delta_phi_reading(d).split(": ", 1)[-1]
-            both = loss_gap_verdict(d)
-            why = lead.get("reason", "")
             rows.append(
                 [
                     name,
@@ -166,9 +192,10 @@ def delta_phi_table(ctx: ReportContext) -> Table | None:
                     _reading_cell(_separate(d)),
                     _reading_cell(_paired(fit, name, "shared law")),
                     _reading_cell(_paired(fit, name, "separate laws")),
+                    _secondary_cell(d),
                     _shared_cell(d.get("shared")),
                     gap_cell,
-                    (reading if both is None else f"{reading}; {both}") + (f" ({why})" if why else ""),
+                    _short_reading(d),
                 ]
             )
     return Table(
@@ -176,18 +203,21 @@ def delta_phi_table(ctx: ReportContext) -> Table | None:
         "Δφ per recipe: the leading reading, and each reading beside it",
         [
             "recipe",
-            "φ [CI]",
-            "Δφ [95% CI], leading reading",
+            "φ [95% CI, profile likelihood]",
+            "Δφ [95% CI], leading reading (quoted)",
             "p (Δφ = 0)",
             "separate fits: Δφ [CI]",
             "paired, shared law: Δφ [CI]",
             "paired, separate laws: Δφ [CI]",
+            f"{SECONDARY}: Δφ [CI]",
             "shared law: Δφ (held-out reading)",
             "Δ val loss, same runs [CI]",
-            "reading",
+            "reading (the line above says it in full)",
         ],
         rows,
-        "r = 1 runs are shared by every recipe; Δφ = φ(recipe) − φ(reference). Separate fits give each recipe "
+        "r = 1 runs are shared by every recipe; Δφ = φ(recipe) − φ(reference). The leading reading is the one to "
+        "quote; every other reading is beside it, named by its method. Every interval but the block bootstrap's is "
+        "a profile-likelihood interval calibrated by a wild cluster bootstrap. Separate fits give each recipe "
         "its own E, A, α, B, β (profile interval, paired wild bootstrap). The paired readings let the law's misfit at "
         "each (budget, r, width, seed) point be shared by the two recipes (fit/inference/paired.py), with φ alone "
         "moved (shared law) or every coefficient its own (separate laws); the most specific reading its held-out "
@@ -200,6 +230,30 @@ def delta_phi_table(ctx: ReportContext) -> Table | None:
         f"token-budget gain, not a capacity gain) and {probes['hyperconnect']:.2f} for hyperconnections "
         f"(Δφ {probes['hyperconnect'] - probes['baseline']:+.2f}, a capacity gain).",
     )
+
+
+def _short_reading(d: dict) -> str:
+    """What the leading reading's test says, in three words (the Δφ section's line above the table says it in full,
+    with the loss on the same runs and the paper's reading, ``honesty.delta_phi_quote``)."""
+    lead = d.get("leading") or {}
+    test = lead or ((d.get("inference") or {}).get("tests") or {}).get("delta_phi=0") or {}
+    ci = lead.get("ci") or d.get("ci")
+    if not ci or ci[0] is None or ci[1] is None:
+        return "undetermined"
+    if test.get("rejected") and ci[0] > 0:
+        return "raises φ"
+    if test.get("rejected") and ci[1] < 0:
+        return "lowers φ"
+    return "cannot tell from the reference" if test else "percentile only"
+
+
+def leading_reasons(ctx: ReportContext) -> list[str]:
+    """Why each technique's leading reading leads (``delta_phi[].leading.reason``, fit/inference/paired.py)."""
+    return [
+        f"{d['variant']}: {d['leading']['reading']} leads — {d['leading']['reason']}"
+        for d in ctx.fit.get("delta_phi") or []
+        if (d.get("leading") or {}).get("reason")
+    ]
 
 
 def _separate(d: dict) -> dict | None:
@@ -218,6 +272,11 @@ def _reading_cell(rec: dict | None, lead: bool = False) -> str:
     cell = f"{signed(float(rec['estimate']), PHI_DIGITS)} {interval(rec['ci'], PHI_DIGITS, is_signed=True)}"
     label = rec.get("reading")
     return f"{cell} ({label})" if lead and label else cell
+
+
+def _secondary_cell(d: dict) -> str:
+    """The paired block bootstrap's percentile interval of Δφ (``secondary_ci``), with no estimate of its own."""
+    return interval(d.get("secondary_ci"), PHI_DIGITS, is_signed=True)
 
 
 def _shared_cell(sh: dict | None) -> str:
@@ -262,7 +321,7 @@ def loss_gap_table(ctx: ReportContext) -> Table | None:
         [
             "r",
             "joint law (range over budgets)",
-            "bootstrap 95% CI (outer range)",
+            "95% CI, block bootstrap (outer range)",
             "empirical (parabola minima; best run where not bracketed)",
         ],
         rows,
@@ -305,12 +364,12 @@ def equivalence_table(ctx: ReportContext) -> Table:
             "N_once",
             "N_rec",
             "unique N",
-            "N_eq = N_once + r^φ N_rec [95% CI]",
+            "N_eq = N_once + r^φ N_rec [95% CI, block bootstrap]",
             "N_cost = N_once + r N_rec",
         ],
         rows,
         "N_eq: the non-looped size with the same loss (quality); N_cost: the non-looped size whose training "
-        "costs the same FLOPs (cost). CI from φ's bootstrap draws.",
+        "costs the same FLOPs (cost). CI: the percentiles of N_eq over φ's block-bootstrap draws.",
     )
 
 
@@ -356,7 +415,7 @@ def allocation_table(ctx: ReportContext) -> Table | None:
             "law D*",
             "law D/N",
             "law L*",
-            "law gap to r=1 [CI]",
+            "law gap to r=1 [CI, block bootstrap]",
             "empirical N*",
             "empirical D/N",
             "empirical L*",
