@@ -53,7 +53,6 @@ def run_demo(
     from loopscale.report import make_report
     from loopscale.report.context import ReportContext
     from loopscale.report.inputs import load_inputs
-    from loopscale.report.plain import plain_headline
     from loopscale.report.tables import axes_table
     from loopscale.sweep import SweepStore, holds_another_spec, load_spec, prepare, runs_table, write_table
 
@@ -115,8 +114,7 @@ def run_demo(
     con.rule(_rich("[bold]4/4 report[/]"))
     index = make_report(runs_csv, out / "report", fit=fit_path, axes=ev["axes_csv"])
     ctx = ReportContext.build(load_inputs(runs_csv, out / "report", fit=fit_path, axes=ev["axes_csv"]))
-    headline = _headline(fit, table, ev, index, time.time() - t0)
-    headline["plain"] = plain_headline(ctx)  # the same sentences as summary.md and index.html
+    headline = _headline(ctx, table, ev, index, time.time() - t0)  # the report's record, plus the demo's numbers
     atomic_write_json(out / "headline.json", headline)
     _print_headline(con, headline, axes_table(ctx))
     return headline
@@ -171,15 +169,14 @@ def _sweep(spec: Any, store: Any, *, progress: bool, console: Console, slots: in
             raise DemoBusy(busy_message(store, summary.outcomes["busy"]))
 
 
-def _headline(res: Any, runs: Any, ev: dict[str, Any], index: Path, wall: float) -> dict[str, Any]:
-    """The numbers the demo prints (``res``: the FitResult): phi [CI] and its verdict, R2 vs restricted fits,
-    delta phi, gaps, axes."""
+def _headline(ctx: Any, runs: Any, ev: dict[str, Any], index: Path, wall: float) -> dict[str, Any]:
+    """The demo's headline.json: the report's record (``report.build.headline_record``: the plain sentences, every
+    variant's verdict with its quoted interval and method, every Δφ by its leading reading) and the demo's own
+    numbers: R² against the restricted fits, the loss gap to r = 1 per cell, the axes, the wall time."""
     from loopscale.config.data import AXES
-    from loopscale.fit.inference.verdict import verdicts
+    from loopscale.report.build import headline_record
 
-    ref = res.reference
-    v = res.variant(ref)
-    verdict = verdicts(res)[ref]
+    v = ctx.variant_fit
     # loss gap to r = 1 at matched compute, from the best run per (C, r) cell (parabola vertices of
     # unbracketed cells extrapolate wildly; the report shows both)
     best = runs.df[runs.df["status"].fillna("ok") == "ok"].groupby(["C", "r"])["val_loss"].min()
@@ -195,94 +192,55 @@ def _headline(res: Any, runs: Any, ev: dict[str, Any], index: Path, wall: float)
             x = row.get(f"loss_{axis}")
             if x is not None:
                 axes.setdefault(axis, {}).setdefault(int(row["r"]), []).append(float(x))
-    others = {}
-    for name, o in verdicts(res).items():
-        if name != ref:
-            others[name] = {
-                "phi": o.phi,
-                "phi_ci": list(o.ci) if o.ci else None,
-                "resolved": o.resolved,
-                "verdict": o.label,
-                "reasons": o.reasons,
-                "caveats": o.caveats,
-                "claims": o.claims,
-                "inference": _brief(res.variant(name).inference),
-            }
     return {
-        "phi": verdict.phi,
-        "phi_ci": list(verdict.ci) if verdict.ci else None,
-        "resolved": verdict.resolved,
-        "verdict": verdict.label,
-        "reasons": verdict.reasons,
-        "caveats": verdict.caveats,
-        "claims": verdict.claims,
-        "inference": _brief(v.inference),
+        **headline_record(ctx, index),
         "r2": v.metrics.r2,
         "restricted": {k: r["r2"] for k, r in v.restricted.items()},
-        "delta_phi": {d.variant: d.delta_phi for d in res.delta_phi},
-        "delta_phi_inference": {d.variant: _brief(d.inference) for d in res.delta_phi if d.inference},
         "loss_gap_to_r1": gaps,
-        "variants": others,
         "axes": {a: {r: sum(x) / len(x) for r, x in sorted(per.items())} for a, per in axes.items()},
-        "report": str(index),
         "wall_s": wall,
     }
 
 
-def _brief(inference: Any) -> dict[str, Any] | None:
-    """The fit file's inference record without the profile's grid and the null draws (the numbers every
-    sentence uses)."""
-    if inference is None:
-        return None
-    out = {k: v for k, v in inference.items() if k != "profile"}
-    if isinstance(out.get("null"), dict):
-        out["null"] = {k: v for k, v in out["null"].items() if k != "stat"}
-    return out
+def _phi_line(name: str, o: dict[str, Any]) -> str:
+    """ "NAME: phi = x [lo, hi] (95%, profile likelihood) - verdict (reasons)", from a headline.json verdict."""
+    est = "" if o.get("phi") is None else f"phi = {phi_ci(o['phi'], o.get('phi_ci'))}"
+    if est and o.get("phi_ci") and o.get("ci_method"):
+        est += f" ({o.get('ci_level') or 0.95:.0%}, {o['ci_method']})"
+    line = f"  {name}: {est}" + (" - " if est else "")
+    line += "resolved" if o.get("resolved") else str(o.get("verdict"))
+    return line + (f" ({'; '.join(o['reasons'])})" if o.get("reasons") else "")
+
+
+def _reference_name(h: dict[str, Any]) -> str:
+    """The reference's name in the terminal, with which r = 1 runs its φ is read against."""
+    from loopscale.fit.table import CONTROL_SEP
+
+    ref = h.get("reference_variant")
+    if not ref:
+        return "paper design (plain r = 1)"
+    if CONTROL_SEP in str(ref):
+        return f"{ref} (r = 1: a loop of one)"
+    return f"{ref} (paper design, plain r = 1)"
 
 
 def _print_headline(con: Console, h: dict[str, Any], axes: Any = None) -> None:
-    """The plain-words headline first (``report.plain``, as in summary.md and index.html), then the numbers."""
+    """The plain words first (``report.plain``, as in summary.md and index.html), then the numbers, and last the
+    verdict: φ with its quoted interval and that interval's method, each control re-fit, each Δφ by its leading
+    reading (``honesty.delta_phi_quote``) — the lines left on the screen when the demo ends."""
     con.rule(_rich("[bold]headline"))
     for line in h.get("plain") or []:
         con.print(line, highlight=False, markup=False)
         con.print()
     con.print(_rich("[bold]details"))
-    ci = h.get("phi_ci")
-    phi = h.get("phi")
-    con.print(
-        f"  paper design (plain r = 1): phi = {phi_ci(phi, ci)}" if phi is not None else "  paper design: no fit",
-        highlight=False,
-        markup=False,
-    )
-    con.print(
-        f"    {h.get('verdict')}" + (f" ({'; '.join(h['reasons'])})" if h.get("reasons") else ""),
-        highlight=False,
-        markup=False,
-    )
-    for c in h.get("claims") or []:
-        con.print(f"    {c}", highlight=False, markup=False)
-    if h.get("caveats"):
-        con.print(f"    {'; '.join(h['caveats'])}", highlight=False, markup=False)
-    if h.get("restricted"):
+    if h.get("restricted") and h.get("r2") is not None:
         con.print(
-            "    R2: free "
+            "  R2: free "
             + f"{h['r2']:.4f}"
             + "".join(f", {k} {v:.4f}" for k, v in h["restricted"].items() if v is not None),
             highlight=False,
             markup=False,
         )
-    for name, o in (h.get("variants") or {}).items():
-        est = "" if o.get("phi") is None else f"phi = {phi_ci(o['phi'], o.get('phi_ci'))}"
-        line = f"  {name}: {est}" + (" - " if est else "")
-        line += "resolved" if o["resolved"] else o["verdict"]
-        con.print(line + (f" ({'; '.join(o['reasons'])})" if o.get("reasons") else ""), highlight=False, markup=False)
-        for c in o.get("claims") or []:
-            con.print(f"    {c}", highlight=False, markup=False)
-        if o.get("caveats"):
-            con.print(f"    {'; '.join(o['caveats'])}", highlight=False, markup=False)
-    for k, v in (h.get("delta_phi") or {}).items():
-        if v is not None:
-            con.print(f"  delta phi ({k}) = {v:+.3f}", highlight=False, markup=False)
     for r, per in (h.get("loss_gap_to_r1") or {}).items():
         con.print(
             f"  loss gap to r=1 at matched compute (best run per cell), r={r}: "
@@ -290,8 +248,25 @@ def _print_headline(con: Console, h: dict[str, Any], axes: Any = None) -> None:
             highlight=False,
             markup=False,
         )
+    named = [(_reference_name(h), h), *(h.get("variants") or {}).items()]
+    for name, o in named:  # what limits each fit, before the verdict (whose reasons say why not resolved)
+        if o.get("caveats"):
+            con.print(f"  what limits {name}:", highlight=False, markup=False)
+            for c in o["caveats"]:
+                con.print(f"    - {c}", highlight=False, markup=False)
     if axes is not None:
         con.print(rich_table(axes))
+    con.rule(_rich("[bold]verdict"))
+    if h.get("phi") is None:
+        con.print("  paper design: no fit", highlight=False, markup=False)
+    for name, o in named:
+        if o is h and h.get("phi") is None:
+            continue
+        con.print(_phi_line(name, o), highlight=False, markup=False)
+        for c in o.get("claims") or []:
+            con.print(f"    {c}", highlight=False, markup=False)
+    for d in h.get("delta_phi") or []:
+        con.print(f"  {d['sentence']}", highlight=False, markup=False)
     con.print(f"report: {h['report']}  ({h['wall_s'] / 60:.1f} min)", highlight=False, markup=False)
 
 

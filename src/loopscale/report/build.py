@@ -20,8 +20,10 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from loopscale.io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from loopscale.numbers import interval_method
 from loopscale.report import figures, tables
 from loopscale.report.context import ReportContext
+from loopscale.report.honesty import delta_phi_quote
 from loopscale.report.inputs import load_inputs
 from loopscale.report.render import HOW_TO_READ, PNG_DPI, Panel, render_html, render_markdown
 
@@ -86,6 +88,11 @@ def build_panels(
             panel.files = [f"figures/{name}.{fmt}" for fmt in formats]
         panel.tables = [t for t in tabs.get(name, []) if t is not None]
         panel.details = [t for t in details.get(name, []) if t is not None]
+        if name == "phi" and panel.tables and ctx.fit.get("delta_phi"):
+            panel.lead_title = "Δφ per technique: the leading reading, its test, the loss on the same runs"
+            panel.lead = [delta_phi_quote(d) for d in ctx.fit["delta_phi"]]
+            panel.after = tables.leading_reasons(ctx)
+            panel.after_title = "Why each leading reading leads"
         panels.append(panel)
     return panels
 
@@ -130,8 +137,9 @@ def make_report(
 
 
 def headline_record(ctx: ReportContext, index: Path) -> dict[str, Any]:
-    """``headline.json``: the plain sentences of summary.md and index.html and every variant's φ verdict
-    (the demo adds its loss gaps and axes to the same record), for scripts that read a report."""
+    """``headline.json``: the plain sentences of summary.md and index.html, every variant's φ verdict with its
+    quoted interval and that interval's method, and every technique's Δφ by its leading reading, for scripts that
+    read a report. ``loopscale demo`` writes the same record with its loss gaps and axes added (demo.py)."""
     from loopscale.report.plain import plain_headline
 
     def one(v: Any) -> dict[str, Any]:
@@ -139,10 +147,13 @@ def headline_record(ctx: ReportContext, index: Path) -> dict[str, Any]:
             "phi": v.phi,
             "phi_ci": list(v.ci) if v.ci else None,
             "ci_level": v.ci_level,
+            "ci_method": interval_method(v.method) if v.ci else None,
             "resolved": v.resolved,
             "verdict": v.label,
             "reasons": v.reasons,
             "caveats": v.caveats,
+            "claims": v.claims,
+            "inference": brief_inference(ctx.result.variant(v.variant).inference),
         }
 
     return {
@@ -150,5 +161,42 @@ def headline_record(ctx: ReportContext, index: Path) -> dict[str, Any]:
         "reference_variant": ctx.variant,
         **one(ctx.verdict),
         "variants": {name: one(v) for name, v in ctx.verdicts.items() if name != ctx.variant},
+        "delta_phi": [delta_phi_record(d) for d in ctx.fit.get("delta_phi") or []],
         "report": str(index),
     }
+
+
+def delta_phi_record(d: dict[str, Any]) -> dict[str, Any]:
+    """One technique's Δφ as headline.json states it: the leading reading (estimate, interval, test) and its
+    sentence; the other readings stay in the fit file, each under its own method."""
+    lead = d.get("leading") or {}
+    inf = d.get("inference") or {}
+    test = (inf.get("tests") or {}).get("delta_phi=0") or {}
+    return {
+        "variant": d["variant"],
+        "reference": d["reference"],
+        "reading": lead.get("reading") or ("separate fits" if inf else "block bootstrap percentile"),
+        "estimate": lead.get("estimate", inf.get("estimate", d.get("delta_phi"))),
+        "ci": lead.get("ci") or d.get("ci"),
+        "p": lead.get("p", test.get("p")),
+        "rejected": lead.get("rejected", test.get("rejected")),
+        "why_it_leads": lead.get("reason"),
+        "sentence": delta_phi_quote(d),
+        "loss_gap": d.get("loss_gap"),
+    }
+
+
+def brief_inference(inference: Any) -> dict[str, Any] | None:
+    """A variant's inference record without the profile's grid and the null draws (the numbers every sentence
+    uses)."""
+    if inference is None:
+        return None
+    out = {k: v for k, v in dict(inference).items() if k != "profile"}
+    if isinstance(out.get("null"), dict):
+        out["null"] = {k: v for k, v in out["null"].items() if k != "stat"}
+    paired = out.get("paired_delta_phi")
+    if isinstance(paired, dict):
+        out["paired_delta_phi"] = {
+            k: ({m: x for m, x in v.items() if m != "profile"} if isinstance(v, dict) else v) for k, v in paired.items()
+        }
+    return out

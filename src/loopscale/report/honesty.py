@@ -27,6 +27,7 @@ __all__ = [
     "MIN_R2",
     "NOT_IDENTIFIED",
     "Verdict",
+    "delta_phi_quote",
     "delta_phi_reading",
     "loss_gap_reading",
     "loss_gap_verdict",
@@ -102,3 +103,11 @@ def loss_gap_reading(d: dict[str, Any]) -> str | None:
         f"val loss {gap['mean']:+.3f} nats [{gap['ci'][0]:+.3f}, {gap['ci'][1]:+.3f}] on the same "
         f"{gap['n_runs']} looped runs: {verdict}"
     )
+
+
+def delta_phi_quote(d: dict[str, Any]) -> str:
+    """The line a reader can quote for one technique: who against whom, Δφ with its leading interval and test
+    (``delta_phi_reading``), the val loss on the same runs and the paper's reading of the pair
+    (``loss_gap_reading``). The page's Δφ section opens with it, summary.md and the demo's terminal print it."""
+    gap = loss_gap_reading(d)
+    return f"{d['variant']} − {d['reference']}: {delta_phi_reading(d)}" + (f"; {gap}" if gap else "")

@@ -1,11 +1,14 @@
-"""The headline in plain words: what was measured, the result, how sure it is — the first lines a newcomer reads.
+"""The headline in plain words: what was measured, the result, how sure it is — the lines a newcomer reads after the
+verdict.
 
-One function (``plain_headline``) writes the sentences, and the terminal (``loopscale demo``), ``summary.md``
+One function (``plain_groups``) writes the sentences, and the terminal (``loopscale demo``), ``summary.md``
 and ``index.html`` print them as they are, so the three never disagree. It always leads with one
 estimand: the reference variant's φ against its own r = 1 runs, and says which r = 1 ran (here the plain
 stack; in the paper's code a loop of one over all blocks). A re-fit against loop-of-one r = 1 controls
-(``V@control``, docs/cpu-scale.md) follows, labelled as a different quantity and never set beside the
-paper's 0.46. The verdicts and the tests' words are ``honesty.phi_verdict``'s (``fit/inference/verdict.py``).
+(``V@control``, docs/cpu-scale.md) follows in its own group, "what the control measures", labelled as a
+different quantity and never set beside the paper's 0.46. The verdicts and the tests' words are
+``honesty.phi_verdict``'s (``fit/inference/verdict.py``); the reasons a φ is not resolved are the verdict's to
+list, once, so the sentences here point to them instead of repeating them.
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ from __future__ import annotations
 import pandas as pd
 
 from loopscale.fit.paper import PAPER_COEFFICIENTS, PAPER_PHI_CI
-from loopscale.fit.table import CONTROL_SEP
-from loopscale.numbers import flops, phi, phi_ci
+from loopscale.fit.table import CONTROL_SEP, r1_anchor
+from loopscale.numbers import flops, phi, phi_ci, phi_interval
 from loopscale.report.context import ReportContext
 from loopscale.report.honesty import MAX_CI_WIDTH, Verdict
 
@@ -23,33 +26,47 @@ PROSE = 2
 
 
 def plain_headline(ctx: ReportContext) -> list[str]:
-    """The headline's sentences, most important first (one paragraph each).
+    """The headline's sentences, most important first (one paragraph each): ``plain_groups``' two groups, in order."""
+    explain, control = plain_groups(ctx)
+    return explain + control
+
+
+def plain_groups(ctx: ReportContext) -> tuple[list[str], list[str]]:
+    """The sentences in two groups: what was measured and what it says (``explain``), and what the loop-of-one
+    control measures (``control``; empty without a control re-fit).
 
     One estimand leads, always: φ of the reference variant against its own r = 1 runs (the paper's design,
     arXiv 2604.21106 §2). A re-fit against loop-of-one controls is a different quantity and is labelled so;
     only the lead result is set beside the paper's 0.46."""
     ref = ctx.verdict
     control = _control_refit(ctx)
-    lines = [_measured(ctx), "Result: " + _result(ref, "one extra pass through the shared blocks")]
-    lines.append(
+    explain = [_measured(ctx), "Result: " + _result(ref, "one extra pass through the shared blocks")]
+    explain.append(
         _r1_meaning(ctx) + f" For reference, the paper measures φ = "
         f"{phi_ci(PAPER_COEFFICIENTS['phi'], PAPER_PHI_CI, PROSE)} with 116 GPU runs at 4.6e17–2.2e19 FLOPs."
     )
+    lines: list[str] = []
     if control is not None:
         name = control.variant.split(CONTROL_SEP, 1)[1]
         lines.append(
-            f"A different quantity, against r = 1 models built as a loop of one ({name}): " + _result(control, "a pass")
+            f"A different quantity, against r = 1 models built as a loop of one ({name}, fitted as "
+            f"{control.variant}): " + _result(control, "a pass")
         )
         lines.append(_difference(ctx, name) + _tax_reading(ctx, name, ref, control))
-    return lines
+    return explain, lines
 
 
 def _r1_meaning(ctx: ReportContext) -> str:
     """Which r = 1 ran here, and which the paper ran."""
+    anchor = r1_anchor(ctx.variant)
+    here = (
+        f"Here r = 1 is a loop of one ({anchor}: the looped models' own layout, each block run once)."
+        if anchor is not None
+        else "Here r = 1 is the plain stack (the same depth of unique blocks, each run once, no loop)."
+    )
     return (
-        "Here r = 1 is the plain stack (the same depth of unique blocks, each run once, no loop). The "
-        "paper's code runs r = 1 as a loop of one over all 20 of its blocks (0 + 20 + 0: no prelude or coda, "
-        "a passthrough injection, its recurrent-state norm applied once): close to a plain stack, not the "
+        here + " The paper's code runs r = 1 as a loop of one over all 20 of its blocks (0 + 20 + 0: no prelude or "
+        "coda, a passthrough injection, its recurrent-state norm applied once): close to a plain stack, not the "
         "same model."
     )
 
@@ -76,15 +93,17 @@ def _measured(ctx: ReportContext) -> str:
 
 
 def _result(v: Verdict, what: str) -> str:
-    """The estimate and how sure it is, in words: resolved (and what the tests say), or why it is not."""
+    """The estimate and how sure it is, in words: resolved (and what the tests say), or that it is not (the verdict
+    lists why, once)."""
     if v.phi_undetermined:
         return "φ could not be estimated: " + "; ".join(v.reasons) + "."
-    kind = "profile-likelihood interval" if v.method == "profile likelihood" else "bootstrap CI"
-    ci = f" ({v.ci_level:.0%} {kind} {phi(v.ci[0], PROSE)} to {phi(v.ci[1], PROSE)})" if v.ci else ""
+    kind = "profile-likelihood interval" if v.method == "profile likelihood" else "block-bootstrap percentile interval"
+    ci = f" ({v.ci_level:.0%} {kind} {phi_interval(v.ci, PROSE)})" if v.ci else ""
     if not v.resolved:
+        why = "one reason, listed with the verdict" if len(v.reasons) == 1 else "the reasons listed with the verdict"
         return (
             f"not measured precisely enough to quote. The best estimate is that {what} is worth "
-            f"φ = {phi(v.phi, PROSE)} of a unique block{ci}, but {'; '.join(v.reasons)}."
+            f"φ = {phi(v.phi, PROSE)} of a unique block{ci}, but the fit does not pin it down ({why})."
         )
     return f"{what} is worth φ = {phi(v.phi, PROSE)} of a unique block{ci}. " + _sureness(v)
 
@@ -108,7 +127,7 @@ def _difference(ctx: ReportContext, control: str) -> str:
         else ""
     )
     return (
-        f"What the control measures: its r = 1 models ({control}) are a loop of one in the looped models' own "
+        f"Its r = 1 models ({control}) are a loop of one in the looped models' own "
         f"layout, with their prelude, coda, input injection and recurrent-state norm{cost}. So its φ prices a "
         "repeat apart from the fixed cost of the loop's structure; it is not the paper's estimand "
         "(docs/cpu-scale.md)."

@@ -10,10 +10,10 @@ from typing import Any
 
 from loopscale.fit.paper import PAPER_COEFFICIENTS, PAPER_PHI_CI
 from loopscale.fit.table import CONTROL_SEP
-from loopscale.numbers import MISSING, interval, num, phi_ci
+from loopscale.numbers import PROFILE_LONG, interval_method, phi_ci
 from loopscale.report.context import ReportContext
-from loopscale.report.honesty import NOT_IDENTIFIED, delta_phi_reading, loss_gap_reading, phi_verdict
-from loopscale.report.plain import plain_headline
+from loopscale.report.honesty import NOT_IDENTIFIED, Verdict, delta_phi_reading, phi_verdict
+from loopscale.report.plain import plain_groups
 from loopscale.report.tables import Table
 
 
@@ -29,6 +29,10 @@ class Panel:
     missing: str = ""  # "not evaluated: ..." when there is no figure
     tables: list[Table] = field(default_factory=list)
     details: list[Table] = field(default_factory=list)  # long tables, folded (<details>)
+    lead: list[str] = field(default_factory=list)  # lines a reader can quote, before the tables (Δφ per technique)
+    lead_title: str = ""
+    after: list[str] = field(default_factory=list)  # lines after the tables (why each leading reading leads)
+    after_title: str = ""
 
 
 PNG_DPI = 200  # the PNGs' resolution (build.save_figure)
@@ -60,11 +64,12 @@ HOW_TO_READ: dict[str, str] = {
         "shows as scatter of the size of the band."
     ),
     "phi": (
-        "Left: φ from the block bootstrap over (budget, r) cells — the histogram of the refits, the "
-        "percentile CI (shaded) and the point estimate (black). φ = 0: a repeat adds no capacity; φ = 1: a "
-        "repeat is worth a unique block. Middle: the restricted fits with φ fixed to 0 and 1 against the "
-        "free fit (lower RMSE is better). Right (with probes): φ per recipe with its CI and Δφ to the "
-        "reference from paired resamples."
+        "Left: the block bootstrap over (budget, r) cells — the histogram of its refits of φ and its percentile "
+        "interval (dotted, secondary) — with the interval the report quotes (shaded: the profile-likelihood "
+        "interval, calibrated by a wild cluster bootstrap) and the point estimate (black). φ = 0: a repeat adds no "
+        "capacity; φ = 1: a repeat is worth a unique block. Middle: φ per recipe with its quoted interval, and Δφ "
+        "to the reference with its leading reading's interval. Right: the restricted fits with φ fixed to 0 and 1 "
+        "against the free fit (lower RMSE is better)."
     ),
     "equivalence": (
         "What a looped model is worth per unique parameter. Filled bars: the quality-equivalent non-looped "
@@ -111,10 +116,16 @@ h2 { font-size: 20px; margin: 36px 0 8px; padding-top: 8px; border-top: 1px soli
 .verdict.bad .label { color: var(--bad); }
 .verdict ul { margin: 6px 0 0 0; }
 .verdict p { margin: 6px 0 0; }
+.verdict .method, .verdict .estimate { font-size: 14px; }
+.verdict .method { color: var(--muted); }
+.verdict .dphi li { font-weight: 600; }
+.quote { border-left: 4px solid var(--ok); padding: 6px 14px; margin: 12px 0; }
+.quote ul { margin: 4px 0; padding-left: 20px; }
 .facts { display: grid; grid-template-columns: repeat(auto-fit, minmax(min(300px, 100%), 1fr)); gap: 6px 28px;
          margin: 10px 0; }
 .facts div { padding: 2px 0; border-bottom: 1px dotted var(--line); }
 .warnings { background: var(--warn-bg); border-left: 4px solid #e69f00; padding: 8px 14px; margin: 14px 0; }
+.warnings h2 { border-top: 0; margin-top: 4px; padding-top: 0; }
 .warnings ul { margin: 4px 0; padding-left: 20px; }
 nav ol { columns: 2; margin: 6px 0; }
 figure { margin: 10px 0; }
@@ -131,6 +142,7 @@ th, td { border-bottom: 1px solid var(--line); padding: 3px 10px; text-align: ri
 th:first-child, td:first-child { text-align: left; white-space: nowrap; }
 thead th { border-bottom: 2px solid var(--ink); }
 tr.phi td { font-weight: 700; }
+#tab-delta-phi td { white-space: nowrap; }
 tr.bad td { color: var(--bad); }
 details { margin: 8px 0; }
 summary { cursor: pointer; color: var(--muted); }
@@ -144,68 +156,41 @@ code { font-size: 13px; }
 """
 
 
+#: what the verdict's Δφ lines are, and where the other readings are.
+DPHI_NOTE = "the leading reading, the one to quote; every reading in the Δφ table under the φ figure"
+
+
 # ---- the headline ----------------------------------------------------------------------------------
 def headline(ctx: ReportContext) -> dict[str, Any]:
-    """Everything the top of the page (and of summary.md) says, as text."""
+    """Everything the top of the page (and of summary.md) says, as text, in the order the page shows it.
+
+    First the verdict (``label``, ``estimate``, ``method``, ``reasons``, ``controls``, ``delta_phi``): the answer to
+    "what did I measure, can I quote it", on the first screen. Then the plain words (``plain``), what limits this fit
+    (``limits``) and what the control measures (``control``, ``control_limits``), each warning in one of them, once.
+    """
     v = ctx.verdict
-    p = ctx.variant_fit.params.as_dict()
-    cis = ctx.variant_fit.bootstrap.ci
-    facts = []
+    explain, control_lines = plain_groups(ctx)
+    limits, control_limits = grouped_warnings(ctx)
+    estimate = ""
     if not v.resolved and v.phi is not None:
-        facts.append(f"point estimate φ̂ = {phi_ci(v.phi, v.ci)} — shown for the record, not as a finding")
-    for key, name in (("alpha", "α"), ("beta", "β"), ("E", "E"), ("A", "A"), ("B", "B")):
-        ci = interval(cis.get(key))
-        facts.append(f"{name} = {num(p[key])}" + ("" if ci == MISSING else f" {ci}"))
-    vf = ctx.variant_fit
-    m = vf.metrics
-    facts.append(f"R² = {m.r2:.4f} (raw nats), RMSE {m.rmse:.4f} nats/token, {m.n_runs} runs")
-    restricted = vf.restricted
-    if restricted:
-        facts.append(
-            "restricted fits: "
-            + ", ".join(f"{k.replace('phi', 'φ')} R² = {x['r2']:.4f}" for k, x in restricted.items())
-            + f" (free: {m.r2:.4f})"
-        )
-    gaps = []
-    fr = ctx.frontier
-    if not fr.empty and len(ctx.rs) > 1:
-        for r in ctx.rs:
-            g = fr[fr["r"] == r]
-            if r != 1 and len(g):
-                gaps.append(f"r = {r}: {g['gap_to_r1'].min():+.3f} to {g['gap_to_r1'].max():+.3f}")
-    emp_gaps = []
-    emp = ctx.optima
-    if not emp.empty:
-        for r in ctx.rs:
-            e = emp[(emp["r"] == r) & emp["gap_to_r1"].notna()]
-            if r != 1 and len(e):
-                emp_gaps.append(f"r = {r}: {e['gap_to_r1'].min():+.3f} to {e['gap_to_r1'].max():+.3f}")
-    dphi = [
-        delta_phi_reading(d)
-        + f" ({d['variant']} − {d['reference']})"
-        + (f"; {gap}" if (gap := loss_gap_reading(d)) else "")
-        for d in ctx.fit.get("delta_phi") or []
-    ]
-    warnings = list(dict.fromkeys([*ctx.notes, *v.caveats, *(ctx.fit.get("warnings") or [])]))
-    no_checks: dict[str, Any] = {}
-    hs = (vf.checks or no_checks).get("half_split") or {}
-    if hs.get("phi_difference") is not None and v.resolved and abs(hs["phi_difference"]) > 0.2:
-        warnings.append(
-            f"φ moves by {hs['phi_difference']:+.2f} between the lower and upper half of the budgets: "
-            "the estimate depends on scale"
-        )
+        estimate = f"best estimate φ̂ = {phi_ci(v.phi, v.ci)} — for the record, not a finding"
     return {
-        "plain": plain_headline(ctx),
         "label": v.label,
         "resolved": v.resolved,
+        "estimate": estimate,
+        "method": quoted_method(v),
         "reasons": v.reasons,
         "controls": control_refits(ctx),
+        "delta_phi": [
+            f"{d['variant']} − {d['reference']}: {delta_phi_reading(d)}" for d in ctx.fit.get("delta_phi") or []
+        ],
         "variant": ctx.variant,
-        "facts": facts,
-        "gaps": gaps,
-        "emp_gaps": emp_gaps,
-        "delta_phi": dphi,
-        "warnings": warnings,
+        "plain": explain,
+        "limits": limits,
+        "control": control_lines,
+        "control_limits": control_limits,
+        "gaps": _law_gaps(ctx),
+        "emp_gaps": _empirical_gaps(ctx),
         "paper": (
             "for reference, the paper (116 runs, 4.64e17–2.15e19 FLOPs): φ = "
             + phi_ci(PAPER_COEFFICIENTS["phi"], PAPER_PHI_CI, digits=2)
@@ -213,24 +198,103 @@ def headline(ctx: ReportContext) -> dict[str, Any]:
     }
 
 
+def quoted_method(v: Verdict) -> str:
+    """What φ's interval in the verdict is, named: the one to quote, and where the secondary one is."""
+    if v.ci is None:
+        return ""
+    if v.method == "profile likelihood":
+        return (
+            f"{v.ci_level:.0%} interval: {PROFILE_LONG} — the one to quote (the block bootstrap's percentile "
+            "interval is secondary, in the coefficients table)"
+        )
+    return f"{v.ci_level:.0%} interval: {interval_method(v.method)} (a fit file without the calibrated inference)"
+
+
+def _law_gaps(ctx: ReportContext) -> list[str]:
+    fr = ctx.frontier
+    if fr.empty or len(ctx.rs) < 2:
+        return []
+    out = []
+    for r in ctx.rs:
+        g = fr[fr["r"] == r]
+        if r != 1 and len(g):
+            out.append(f"r = {r}: {g['gap_to_r1'].min():+.3f} to {g['gap_to_r1'].max():+.3f}")
+    return out
+
+
+def _empirical_gaps(ctx: ReportContext) -> list[str]:
+    emp = ctx.optima
+    if emp.empty:
+        return []
+    out = []
+    for r in ctx.rs:
+        e = emp[(emp["r"] == r) & emp["gap_to_r1"].notna()]
+        if r != 1 and len(e):
+            out.append(f"r = {r}: {e['gap_to_r1'].min():+.3f} to {e['gap_to_r1'].max():+.3f}")
+    return out
+
+
+def _controls(ctx: ReportContext) -> list[str]:
+    """The re-fits of this page's recipe against control r = 1 runs (``V@C``)."""
+    return [name for name in ctx.fit.get("variants") or {} if name.startswith(f"{ctx.variant}{CONTROL_SEP}")]
+
+
+def _control_extras(o: Verdict) -> list[str]:
+    """The control's caveats its one line in the verdict states (where φ sits against 0 and 1)."""
+    return [c for c in o.caveats if c.startswith(("the CI", "φ ="))]
+
+
+def grouped_warnings(ctx: ReportContext) -> tuple[list[str], list[str]]:
+    """Every caveat and warning once, in two groups: what limits this fit (the reference's caveats, the inputs'
+    notes, the fit's warnings) and what limits the control re-fit (its caveats, the fit's warnings about it).
+    Nothing the verdict already says (a reason, a control's line) is repeated."""
+    v = ctx.verdict
+    controls = _controls(ctx)
+    said = set(v.reasons)
+    for name in controls:
+        o = ctx.verdicts[name]
+        said |= set(o.reasons) | set(_control_extras(o))
+    limits: list[str] = []
+    control: list[str] = []
+    no_checks: dict[str, Any] = {}
+    hs = (ctx.variant_fit.checks or no_checks).get("half_split") or {}
+    moved = []
+    if hs.get("phi_difference") is not None and v.resolved and abs(hs["phi_difference"]) > 0.2:
+        moved.append(
+            f"φ moves by {hs['phi_difference']:+.2f} between the lower and upper half of the budgets: "
+            "the estimate depends on scale"
+        )
+    for w in [*ctx.notes, *v.caveats, *moved, *(ctx.fit.get("warnings") or [])]:
+        tag = w[1 : w.index("]")] if w.startswith("[") and "]" in w else None
+        (control if tag in controls else limits).append(w)
+    for name in controls:
+        control += [c for c in ctx.verdicts[name].caveats if c not in said]
+    limits = [w for w in dict.fromkeys(limits) if w not in said]
+    control = [w for w in dict.fromkeys(control) if w not in said and w not in limits]
+    return limits, control
+
+
 def control_refits(ctx: ReportContext) -> list[str]:
     """One line per re-fit of this recipe against control r = 1 runs (``V@C``): loopscale's main CPU-scale
-    result, so it belongs beside the headline, not only in the variants table."""
+    result, so it belongs in the verdict, not only in the variants table."""
     out = []
-    for name in ctx.fit.get("variants") or {}:
-        if name.startswith(f"{ctx.variant}{CONTROL_SEP}"):
-            o = phi_verdict(ctx.fit, name)
-            est = "φ undetermined" if o.phi_undetermined else f"φ̂ = {phi_ci(o.phi, o.ci)}"
-            why = f" — {NOT_IDENTIFIED} ({'; '.join(o.reasons)})" if not o.resolved else " — resolved"
-            control = name.split(CONTROL_SEP, 1)[1]
-            extra = "; ".join(c for c in o.caveats if c.startswith(("the CI", "φ =")))
-            line = f"the looped runs against the r = 1 runs of '{control}' ({name}): {est}{why}"
-            out.append(line + (f"; {extra}" if extra else ""))
+    for name in _controls(ctx):
+        o = phi_verdict(ctx.fit, name)
+        est = "φ undetermined" if o.phi_undetermined else f"φ̂ = {phi_ci(o.phi, o.ci)}"
+        why = f" — {NOT_IDENTIFIED} ({'; '.join(o.reasons)})" if not o.resolved else " — resolved"
+        control = name.split(CONTROL_SEP, 1)[1]
+        extra = "; ".join(_control_extras(o))
+        line = f"the looped runs against the r = 1 runs of '{control}' ({name}, a different quantity): {est}{why}"
+        out.append(line + (f"; {extra}" if extra else ""))
     return out
 
 
 def _esc(s: str) -> str:
     return html.escape(str(s))
+
+
+def _list(items: list[str]) -> str:
+    return "<ul>" + "".join(f"<li>{_esc(w)}</li>" for w in items) + "</ul>"
 
 
 def render_html(ctx: ReportContext, panels: list[Panel], top_tables: list[Table], end_tables: list[Table]) -> str:
@@ -244,32 +308,49 @@ def render_html(ctx: ReportContext, panels: list[Panel], top_tables: list[Table]
         '<header id="top"><h1>How much is one recurrence worth?</h1>',
         f'<p class="sub">loopscale report · joint law L = E + A (N_once + r<sup>φ</sup> N_rec)<sup>−α</sup> + '
         f"B D<sup>−β</sup> · recipe <b>{_esc(ctx.variant)}</b> · runs: {_esc(ctx.inputs.runs.source)}</p></header>",
-        '<section id="plain" class="plain">' + "".join(f"<p>{_esc(line)}</p>" for line in h["plain"]) + "</section>",
         f'<section id="headline" class="verdict{"" if h["resolved"] else " bad"}">',
         f'<p class="label">{_esc(h["label"])}</p>',
     ]
+    if h["estimate"]:
+        out.append(f'<p class="estimate">{_esc(h["estimate"])}</p>')
+    if h["method"]:
+        out.append(f'<p class="method">{_esc(h["method"])}</p>')
     if h["reasons"]:
-        out.append("<p><b>Why:</b></p><ul>" + "".join(f"<li>{_esc(r)}</li>" for r in h["reasons"]) + "</ul>")
-        out.append("<p>The figures and numbers below describe these runs; do not quote φ from them.</p>")
+        out.append('<p class="why"><b>Why not resolved</b> (do not quote φ from these runs):</p>' + _list(h["reasons"]))
     for c in h["controls"]:
         out.append(f'<p class="control">{_esc(c)}</p>')
+    if h["delta_phi"]:
+        out.append(f'<p class="dphi-head"><b>Δφ per technique</b> ({_esc(DPHI_NOTE)}):</p>')
+        out.append('<ul class="dphi">' + "".join(f"<li>{_esc(d)}</li>" for d in h["delta_phi"]) + "</ul>")
     out.append(f'<p class="note">{_esc(h["paper"])}</p></section>')
-    out.append('<section id="facts"><div class="facts">' + "".join(f"<div>{_esc(f)}</div>" for f in h["facts"]))
+    out.append(
+        '<section id="plain" class="plain"><h2>In plain words</h2>'
+        + "".join(f"<p>{_esc(line)}</p>" for line in h["plain"])
+        + "</section>"
+    )
+    if h["limits"]:
+        out.append(
+            '<section id="limits" class="warnings"><h2>What limits this fit</h2>' + _list(h["limits"]) + "</section>"
+        )
+    if h["control"] or h["control_limits"]:
+        out.append(
+            '<section id="control" class="plain"><h2>What the control measures</h2>'
+            + "".join(f"<p>{_esc(line)}</p>" for line in h["control"])
+            + (
+                '<div class="warnings"><b>What limits the control re-fit</b>' + _list(h["control_limits"]) + "</div>"
+                if h["control_limits"]
+                else ""
+            )
+            + "</section>"
+        )
+    facts = []
     if h["gaps"]:
-        out.append(
-            "<div><b>loss gap to r = 1 at matched compute (law):</b> " + _esc("; ".join(h["gaps"])) + " nats</div>"
-        )
+        facts.append("<b>loss gap to r = 1 at matched compute (law):</b> " + _esc("; ".join(h["gaps"])) + " nats")
     if h["emp_gaps"]:
-        out.append("<div><b>loss gap (empirical, per cell):</b> " + _esc("; ".join(h["emp_gaps"])) + " nats</div>")
-    for d in h["delta_phi"]:
-        out.append(f"<div><b>{_esc(d)}</b></div>")
-    out.append("</div></section>")
-    if h["warnings"]:
-        out.append(
-            '<section id="warnings" class="warnings"><b>Warnings</b><ul>'
-            + "".join(f"<li>{_esc(w)}</li>" for w in h["warnings"])
-            + "</ul></section>"
-        )
+        facts.append("<b>loss gap (empirical, per cell):</b> " + _esc("; ".join(h["emp_gaps"])) + " nats")
+    if facts:
+        out.append('<section id="facts"><div class="facts">' + "".join(f"<div>{f}</div>" for f in facts) + "</div>")
+        out.append("</section>")
     for t in top_tables:
         out.append(t.html())
     out.append(
@@ -294,8 +375,12 @@ def render_html(ctx: ReportContext, panels: list[Panel], top_tables: list[Table]
                 f'alt="{_esc(p.title)}"><figcaption>Figure {i}. {_esc(p.title)}. Files: {links}</figcaption>'
                 "</figure>"
             )
+        if p.lead:
+            out.append(f'<div class="quote"><b>{_esc(p.lead_title)}</b>' + _list(p.lead) + "</div>")
         for t in p.tables:
             out.append(t.html())
+        if p.after:
+            out.append(f'<div class="note"><b>{_esc(p.after_title)}</b>' + _list(p.after) + "</div>")
         for t in p.details:
             out.append(f"<details><summary>{_esc(t.title)} ({len(t.rows)} rows)</summary>{t.html()}</details>")
         out.append("</section>")
@@ -312,26 +397,34 @@ def render_markdown(ctx: ReportContext, panels: list[Panel], top_tables: list[Ta
     out = ["# loopscale report: how much is one recurrence worth?", ""]
     out.append(f"Recipe **{ctx.variant}**; runs: `{ctx.inputs.runs.source}`; fit: `{ctx.inputs.fit_source}`.")
     out.append("")
+    out.append(f"## {h['label']}" if h["resolved"] else f"## ⚠ {NOT_IDENTIFIED}")
+    out.append("")
+    if h["estimate"]:
+        out += [h["estimate"], ""]
+    if h["method"]:
+        out += [f"_{h['method']}_", ""]
+    if h["reasons"]:
+        out += ["**Why not resolved** (do not quote φ from these runs):", ""] + [f"- {r}" for r in h["reasons"]]
+        out.append("")
+    out += [f"- {c}" for c in h["controls"]]
+    if h["delta_phi"]:
+        out += ["", f"**Δφ per technique** ({DPHI_NOTE}):", ""]
+        out += [f"- {d}" for d in h["delta_phi"]]
+    out += ["", f"_{h['paper']}_", "", "## In plain words", ""]
     for line in h["plain"]:
         out += [line, ""]
-    if h["resolved"]:
-        out.append(f"## {h['label']}")
-    else:
-        out.append(f"## ⚠ {NOT_IDENTIFIED}")
-        out.append("")
-        out.append("**Why:**")
-        out += [f"- {r}" for r in h["reasons"]]
-        out += ["", "The figures and numbers below describe these runs; do not quote φ from them."]
-    out += [""] + [f"- {c}" for c in h["controls"]]
-    out += ["", f"_{h['paper']}_", ""]
-    out += [f"- {f}" for f in h["facts"]]
+    if h["limits"]:
+        out += ["## What limits this fit", ""] + [f"- {w}" for w in h["limits"]] + [""]
+    if h["control"] or h["control_limits"]:
+        out += ["## What the control measures", ""]
+        for line in h["control"]:
+            out += [line, ""]
+        if h["control_limits"]:
+            out += ["**What limits the control re-fit**", ""] + [f"- {w}" for w in h["control_limits"]] + [""]
     if h["gaps"]:
         out.append("- loss gap to r = 1 at matched compute (law): " + "; ".join(h["gaps"]) + " nats")
     if h["emp_gaps"]:
         out.append("- loss gap (empirical, per cell): " + "; ".join(h["emp_gaps"]) + " nats")
-    out += [f"- **{d}**" for d in h["delta_phi"]]
-    if h["warnings"]:
-        out += ["", "**Warnings**", ""] + [f"- {w}" for w in h["warnings"]]
     for t in top_tables:
         out += ["", t.markdown()]
     for i, p in enumerate(panels, start=1):
@@ -342,7 +435,13 @@ def render_markdown(ctx: ReportContext, panels: list[Panel], top_tables: list[Ta
             png = next((f for f in p.files if f.endswith(".png")), p.files[0])
             others = ", ".join(f"[{f.rsplit('.', 1)[-1].upper()}]({f})" for f in p.files)
             out += [f"![{p.title}]({png})", "", f"Files: {others}"]
-        for t in [*p.tables, *p.details]:
+        if p.lead:
+            out += ["", f"**{p.lead_title}**", ""] + [f"- {line}" for line in p.lead]
+        for t in p.tables:
+            out += ["", t.markdown()]
+        if p.after:
+            out += ["", f"**{p.after_title}**", ""] + [f"- {line}" for line in p.after]
+        for t in p.details:
             out += ["", t.markdown()]
     for t in end_tables:
         out += ["", t.markdown()]
