@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape
 
 from loopscale.cli.app import app, console, err_console
+from loopscale.numbers import interval_method, phi_ci
 
 
 @app.command()
@@ -49,6 +50,10 @@ def report(
     v = phi_verdict(doc)
     colour = "green" if v.resolved else "bold red"
     console.print(f"[{colour}]{escape(v.label)}[/]", markup=True, highlight=False)
+    if not v.resolved and v.phi is not None:
+        console.print(f"  best estimate φ̂ = {phi_ci(v.phi, v.ci)}, for the record", highlight=False)
+    if v.ci is not None:
+        console.print(f"  interval: {v.ci_level:.0%}, {interval_method(v.method)}", highlight=False)
     for reason in v.reasons:
         console.print(f"  - {reason}", highlight=False)
     if fit_file is None:
