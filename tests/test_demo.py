@@ -15,7 +15,7 @@ FIGURES = ("isoflop", "frontier", "parity", "residuals", "phi", "equivalence", "
 
 
 def _demo(out: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "300"}  # wide: no interval is split over two lines
     return subprocess.Popen(
         [
             sys.executable,
@@ -74,7 +74,8 @@ def test_quick_demo_resumes_after_sigkill_and_writes_a_checked_report(tmp_path: 
     assert "phi" in head and head["verdict"] and set(head["restricted"]) == {"phi=0", "phi=1"}
     assert set(head["variants"]) == {"baseline@loop1"} and head["variants"]["baseline@loop1"]["verdict"]
     assert "baseline@loop1:" in err
-    assert re.search(r"baseline@loop1: phi = \S+ \[\S+, \S+\] - ", err)  # the verdict follows " - "
+    # the verdict follows " - ", after the interval's level and method
+    assert re.search(r"baseline@loop1: phi = \S+ \[\S+, \S+\] \(95%, profile likelihood\) - ", err)
     assert set(head["axes"]) == {"knowledge", "reading", "math", "reasoning", "symbolic"}
     assert "phi" in err and "report:" in err and "(20 runs)" in " ".join(err.split())  # rich wraps lines
     plain = head["plain"]  # the plain-words headline: first in the terminal, summary.md and the page
@@ -114,6 +115,24 @@ def test_quick_demo_resumes_after_sigkill_and_writes_a_checked_report(tmp_path: 
     assert {(r, e) for r, e in zip(axes["r"], axes["r_eval"], strict=True) if r > 1 and e != r} == {
         (r, e) for r in (2, 4, 8) for e in (1, 2, 4, 8, 16) if e != r
     }
+    # issue 43: every φ / Δφ interval on the page, in summary.md and in the terminal is fit.json's under its method,
+    # and the verdict is on the first screen of a 1280x800 window (where a browser is installed)
+    from report_checks import browser, check_outputs, first_screen, html_units, markdown_units, terminal_units
+
+    found = check_outputs(
+        fit,
+        {
+            "index.html": html_units(html),
+            "summary.md": markdown_units(md),
+            "demo (terminal)": terminal_units(err[err.rindex("headline") :]),
+        },
+    )
+    assert {f.where for f in found if f.quantity == "phi"} == {"index.html", "summary.md", "demo (terminal)"}
+    if browser() is not None:
+        shot = out / "report" / "first-screen.png"
+        pos = first_screen(out / "report" / "index.html", shot, tmp_path / "chromium-profile")
+        print(f"quick demo: verdict at y = {pos['verdict']}, viewport {pos['viewport']}, screenshot {shot}")
+        assert pos["verdict"][1] <= min(800, pos["viewport"][1]), pos
     section = html[html.index('id="fig-test_time"') :]
     section = section[: section.index("</section>")]
     assert "data:image/png;base64," in section and "not evaluated" not in section and 'id="tab-test-time"' in section

@@ -180,7 +180,8 @@ def test_summary_md_repeats_the_headline_and_links_every_figure(report):
     out, _ = report
     md = (out / "summary.md").read_text(encoding="utf-8")
     assert md.startswith("# loopscale report")
-    assert "| quantity | value | 95% CI |" in md and "Δφ per recipe" in md and "shared law" in md
+    assert "| quantity | value | 95% interval, or detail | interval's method |" in md
+    assert "Δφ per recipe" in md and "shared law" in md
     for name in NAMES:
         assert f"](figures/{name}.png)" in md
         for fmt in ("svg", "pdf"):
@@ -302,7 +303,7 @@ def test_refits_against_controls_are_stated_beside_the_headline(report):
     doc["variants"]["baseline@loop1"] = ctrl
     doc["variants"]["other@loop1"] = ctrl  # another recipe's refit: not this page's
     lines = control_refits(SimpleNamespace(fit=doc, variant="baseline"))
-    assert len(lines) == 1 and "'loop1' (baseline@loop1): φ̂ = 0.750 [0.590, 1.110]" in lines[0]
+    assert len(lines) == 1 and "'loop1' (baseline@loop1, a different quantity): φ̂ = 0.750 [0.590, 1.110]" in lines[0]
     assert "0.52 wide" in lines[0] and "includes φ = 1" in lines[0]
     assert (
         control_refits(SimpleNamespace(fit=json.loads((report[0].parent / "fit.json").read_text()), variant="baseline"))
@@ -351,7 +352,11 @@ def test_phi_and_its_ci_print_the_same_in_fit_and_in_the_report(report, capsys):
         both = phi_ci(value, ci)
         assert "[" in both and both in printed and both in summary and both in page, (name, both)
         assert phi(value) in printed and phi_interval(ci) in printed  # the table's value and CI columns
-        assert phi_interval(rec["bootstrap"]["ci"]["phi"]) + " (block bootstrap)" in printed  # secondary
+        # the secondary interval, on its own row, named by its method
+        assert re.search(
+            re.escape(phi_interval(rec["bootstrap"]["ci"]["phi"])) + r"[\s|│]*block bootstrap percentile, secondary",
+            printed,
+        )
         assert f"{value:.4f}" not in printed + summary  # the old four-digit φ of `fit`'s table
 
 
@@ -384,15 +389,17 @@ def test_the_plain_headline_leads_with_the_papers_estimand_and_labels_the_contro
     ctx = ReportContext.build(load_inputs(runs, tmp_path, fit=doc, axes=small_axes_table(runs)))
     lines = plain_headline(ctx)
     assert lines[0].startswith("What was measured: ") and "r = 1, 2, 4, 8" in lines[0]
-    # one estimand leads, whatever its verdict: the reference against its own (plain) r = 1 runs
-    assert lines[1].startswith("Result: not measured precisely enough") and "bound" in lines[1]
+    # one estimand leads, whatever its verdict: the reference against its own (plain) r = 1 runs; why it is not
+    # resolved is the verdict's to say, once (the sentence points there)
+    assert lines[1].startswith("Result: not measured precisely enough") and "listed with the verdict" in lines[1]
+    assert "bound" not in lines[1] and "[0.38, 0.45]" in lines[1]
     assert lines[2].startswith("Here r = 1 is the plain stack") and "loop of one over all 20" in lines[2]
     assert "For reference, the paper measures φ = 0.46" in lines[2]
     # the control fit: a different quantity, its claims from the tests, never beside the paper's 0.46
-    assert lines[3].startswith("A different quantity") and "φ = 0.75" in lines[3] and "0.62 to 0.93" in lines[3]
+    assert lines[3].startswith("A different quantity") and "φ = 0.75" in lines[3] and "[0.62, 0.93]" in lines[3]
     assert "rules out φ = 0" in lines[3] and "rules out φ = 1" not in lines[3]
     assert "cannot tell φ = 1 apart from the fit" in lines[3] and "0.46" not in lines[3]
-    assert lines[4].startswith("What the control measures") and "+0.10 nats" in lines[4]
+    assert lines[4].startswith("Its r = 1 models (loop1) are a loop of one") and "+0.10 nats" in lines[4]
     assert "not the paper's estimand" in lines[4] and "0.46" not in lines[4]
     assert np.allclose(list(structure_tax(runs, "baseline", "loop1").values()), 0.1)
 
@@ -405,7 +412,32 @@ def test_the_plain_headline_leads_with_the_papers_estimand_and_labels_the_contro
     term = " ".join(buf.getvalue().split())  # rich wraps long lines
     for line in lines:
         assert line in md and line in page and line in term
-    assert md.index(lines[0]) < md.index("## ") and page.index(lines[0]) < page.index('id="headline"')
+    # the verdict first, then the plain words, then what limits the fit and what the control measures
+    assert md.index("## ⚠ φ not resolved") < md.index("## In plain words") < md.index(lines[0])
+    assert page.index('id="headline"') < page.index('id="plain"') < page.index(lines[0])
+    assert page.index(lines[2]) < page.index('id="control"') < page.index(lines[3]) < page.index(lines[4])
+    assert md.index("## What the control measures") < md.index(lines[3])
+    assert term.index(lines[0]) < term.index("details") < term.index("─ verdict ─")  # the verdict: last on screen
     summary, index = (report[0] / "summary.md").read_text(), report[1].read_text()
     assert "| axis | r = 1 | r = 2 | r = 4 | r = 8 |" in summary and 'id="tab-axes"' in index
     assert "knowledge" in term.lower() and "r = 8" in term and "{" not in term  # a table, not a JSON dict
+
+
+def test_every_interval_of_the_resolved_report_is_fit_jsons_under_its_method(report, monkeypatch, capsys):
+    """The interval cross-check (tests/report_checks.py, issue 43) on a resolved synthetic table whose probe's Δφ
+    is led by the separate fits (no paired reading without checks): page, summary.md, `fit`, `plan`, the demo's
+    terminal summary and headline.json."""
+    from report_checks import check_report, terminal_outputs
+
+    out, index = report
+    fit_path = out.parent / "fit.json"
+    found = check_report(index, fit_path, terminal_outputs(fit_path, index, monkeypatch, capsys))
+    doc = json.loads(fit_path.read_text())
+    assert phi_verdict(doc).resolved and doc["delta_phi"][0]["leading"]["reading"] == "separate fits"
+    assert {(f.where, f.quantity) for f in found} >= {
+        ("index.html", "phi"),
+        ("index.html", "dphi"),
+        ("summary.md", "dphi"),
+        ("fit (terminal)", "dphi"),
+        ("demo (terminal)", "dphi"),
+    }
