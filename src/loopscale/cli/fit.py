@@ -275,7 +275,7 @@ def _summary(res: FitResult) -> dict[str, Any]:
     for d in res.delta_phi:
         row = {k: d.get(k) for k in ("reference", "variant", "delta_phi", "ci", "fraction_above_zero", "leading")}
         inf = res.variants[d.variant].inference if d.variant in res.variants else None
-        paired = (inf or {}).get("paired_delta_phi")
+        paired = inf.paired_delta_phi if inf is not None else None
         row["paired"] = None
         if paired:
             keep = ("estimate", "ci", "tests", "at_bound", "misfit")
@@ -370,9 +370,8 @@ def _print_delta_phi(res: FitResult, style: box.Box, level: str) -> None:
     for d in res.delta_phi:
         lead = (d.leading or {}).get("reading")
         inf = d.inference or {}
-        paired = (
-            (res.variants[d.variant].inference or {}).get("paired_delta_phi") if d.variant in res.variants else None
-        )
+        v_inf = res.variants[d.variant].inference if d.variant in res.variants else None
+        paired = v_inf.paired_delta_phi if v_inf is not None else None
         rows = [
             ("separate fits (profile)", inf.get("estimate", d.delta_phi), inf.get("ci"), inf, lead == "separate fits")
         ]
@@ -407,7 +406,7 @@ def _print_delta_phi(res: FitResult, style: box.Box, level: str) -> None:
             )
         sh = d.shared or {}
         if isinstance(sh.get("delta_phi"), int | float):
-            held = (sh.get("held_out") or {}).get("supported")
+            held = str((sh.get("held_out") or {}).get("supported"))
             note = {"shared": "held-out: not contradicted", "separate": "held-out: contradicted"}.get(held, "")
             t.add_row(
                 d.variant, d.reference, "shared law (no interval)", signed(sh["delta_phi"], PHI_DIGITS), "", "", note
