@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from loopscale.signals import ctrl_c_ignored, pool_worker
+
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
@@ -62,30 +64,17 @@ def tie_to_parent(parent: int, signum: int = signal.SIGKILL) -> bool:
 
 
 def _worker_start(parent: int, initializer: Callable[..., None] | None, initargs: tuple[Any, ...]) -> None:
-    """Every pool worker's first act: SIGINT ignored, SIGTERM at its default, tied to the parent."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    """Every pool worker's first act: SIGINT ignored, SIGTERM at its default (``signals.pool_worker``), tied
+    to the parent."""
+    pool_worker()
     tie_to_parent(parent)
     if initializer is not None:
         initializer(*initargs)
 
 
-@contextlib.contextmanager
-def _ctrl_c_ignored() -> Iterator[None]:
-    """A second Ctrl-C while the pool is being stopped is not a second interruption (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
-
-
 def stop_pool(pool: ProcessPoolExecutor) -> None:
     """Kill the workers, cancel the queued jobs and join the pool's threads and processes (no job is waited for)."""
-    with _ctrl_c_ignored():
+    with ctrl_c_ignored():
         # The executor has no public terminate(): its process table is the one handle on the workers.
         for proc in list((getattr(pool, "_processes", None) or {}).values()):
             with contextlib.suppress(Exception):

@@ -35,26 +35,11 @@ def main() -> None:
 def _exit_130_whatever_comes() -> None:
     """Interrupted: the command has stopped; make the process's status 130, as run_app said.
 
-    Two things would change it. CPython remembers a KeyboardInterrupt raised inside any ``exec``/``eval`` of a
-    string (dataclasses and named tuples build their methods so, during a lazy import) and, under
-    ``python -m loopscale``, then ends the process by SIGINT (status -2) whatever status it exits with; every
-    such ``exec`` clears that memory first, so an empty one does here. And a second Ctrl-C while the interpreter
-    winds down (threads joined, atexit, modules torn down: tenths of a second after `design`) would raise in
-    that shutdown, or, after Python has reset its handler to the default, kill the process by SIGINT: while
-    threads are joined it ends the process at once with 130 (nothing can hang it), and from the atexit
-    callbacks on it is ignored (Python leaves an ignored signal ignored)."""
-    import atexit
-    import contextlib
-    import os
-    import signal
+    CPython remembers a KeyboardInterrupt raised inside any ``exec``/``eval`` of a string (dataclasses and named
+    tuples build their methods so, during a lazy import) and, under ``python -m loopscale``, then ends the process
+    by SIGINT (status -2) whatever status it exits with; every such ``exec`` clears that memory first, so an
+    empty one does here. A second Ctrl-C from now on ends it with 130 too (``signals.exit_at_once_on_ctrl_c``)."""
+    from loopscale.signals import exit_at_once_on_ctrl_c
 
     exec("")  # clears the flag (CPython: run_eval_code_obj)
-
-    def now(signum: int, frame: object) -> None:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):  # (a write under way in the interrupted frame)
-                stream.flush()
-        os._exit(130)
-
-    signal.signal(signal.SIGINT, now)
-    atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)  # registered last: runs first
+    exit_at_once_on_ctrl_c(130)
