@@ -495,7 +495,8 @@ class PackedLM(nn.Module):
         if self.fused_loss:
             head = self.p("head.weight")[:, : cfg.vocab_size]
             dtype = compute_dtype(h.device, h.dtype)
-            rows = chunk_rows(head.size(1), h.size(1))
+            # no more rows per member than a solo run's chunk, and no more logits in all (loopscale.memory)
+            rows = max(1, min(chunk_rows(head.size(1), h.size(1)), chunk_rows(head.size(1), k * h.size(1)) // k))
             with torch.autocast(h.device.type, enabled=False):
                 out = _PackedSoftcapCE.apply(h, head, t, cfg.softcap, rows, dtype, torch.is_grad_enabled())
             return cast(torch.Tensor, out)

@@ -422,12 +422,13 @@ class Batching(NamedTuple):
     plan: memory.MicroBatches
 
     @classmethod
-    def for_run(cls, cfg: TrainConfig, device: torch.device, world: int) -> Batching:
+    def for_run(cls, cfg: TrainConfig, device: torch.device, world: int, pack: int = 1) -> Batching:
+        """``pack``: the run trains as one of that many members of a pack (``train.pack``; the memory is theirs)."""
         B = cfg.run.batch_size
         if B % world:
             raise ConfigError("run.batch_size", f"must be divisible by the {world} processes", value=B)
         per_rank = B // world
-        mb = micro_batches(cfg, device, world)
+        mb = micro_batches(cfg, device, world, pack)
         micro, val_micro = mb.train or 1, mb.val or 1
         if per_rank % micro:
             raise ConfigError("run.micro_batch", f"must divide the {per_rank} rows per process", value=micro)
@@ -815,7 +816,7 @@ def run_record(ctx: RunContext, end: Outcome) -> RunRecord:
     )
 
 
-def micro_batches(cfg: TrainConfig, device: torch.device, world: int = 1) -> memory.MicroBatches:
+def micro_batches(cfg: TrainConfig, device: torch.device, world: int = 1, pack: int = 1) -> memory.MicroBatches:
     """The run's training and validation micro-batches on this device (``run.micro_batch``; docs/training.md).
 
     ``"auto"`` plans for the device's usable memory (``memory.usable_memory``: a GPU's total less 10 % and
@@ -823,7 +824,7 @@ def micro_batches(cfg: TrainConfig, device: torch.device, world: int = 1) -> mem
     """
     total = memory.device_total_memory(str(device))
     limit = None if total is None else memory.usable_memory(total, device.type)
-    mb = memory.micro_batches(cfg, device=device.type, limit=limit, world=world)
+    mb = memory.micro_batches(cfg, device=device.type, limit=limit, world=world, pack=pack)
     if mb.train is None:
         raise ConfigError(
             "run.micro_batch",

@@ -105,6 +105,7 @@ class _Member:
     meter: Meter = field(default_factory=Meter)
     on_step: Callable[[int, int], None] | None = None
     lr_mult: float = 1.0
+    pack_size: int = 1  # the pack it started in (its memory plan's)
 
     @property
     def cfg(self) -> TrainConfig:
@@ -179,7 +180,9 @@ def train_pack(
             if key not in datas:
                 datas[key] = load_data(cfg)
             prepare_dir(run_dir, cfg, True)
-            members.append(_setup(i, cfg, run_dir, totals[i], dist, device, threads, t_start, datas[key], hooks[i]))
+            members.append(
+                _setup(i, cfg, run_dir, totals[i], dist, device, threads, t_start, datas[key], hooks[i], len(totals))
+            )
         except LoopscaleError as err:
             ends[i] = MemberEnd("config", error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
         except Exception as exc:
@@ -200,11 +203,12 @@ def _setup(
     t_start: float,
     data: TokenData,
     hook: Callable[[int, int], None] | None,
+    pack: int,
 ) -> _Member:
     """A member as ``train`` would start it: its model and optimisers from its seed, resumed from its checkpoint,
     its RNG state after both (what its solo run's checkpoints would hold), its validation rows."""
     ctx = RunContext(cfg, run_dir, total, dist, device, threads, t_start, data, progress=False)
-    batching = Batching.for_run(cfg, device, 1)
+    batching = Batching.for_run(cfg, device, 1, pack)
     val_rows = data.val_rows(cfg.run.val_tokens)
     if val_rows.shape[0] * cfg.model.seq_len < cfg.run.val_tokens:
         warn(
@@ -217,7 +221,7 @@ def _setup(
     rng = torch.get_rng_state()
     dtype = resolved_dtype(device, cfg.run.dtype)
     validator = Validator(model, val_rows, micro_batch=batching.val_micro, device=device, dtype=dtype)
-    return _Member(index, ctx, model, opt, batching, validator, rng, start, last_loss, on_step=hook)
+    return _Member(index, ctx, model, opt, batching, validator, rng, start, last_loss, on_step=hook, pack_size=pack)
 
 
 def _failed(cfg: TrainConfig, run_dir: Path, exc: BaseException, t_start: float, *, prepare: bool = False) -> MemberEnd:
@@ -257,7 +261,6 @@ def _train_members(members: list[_Member], device: torch.device, ends: list[Memb
     first = members[0].cfg
     dtype = resolved_dtype(device, first.run.dtype)
     peak = peak_flops(device, first.run.dtype)
-    size = len(members)
     training = [m for m in members if m.step < m.ctx.total_steps]
     evaluate = [m for m in members if m.step >= m.ctx.total_steps]  # resumed with every step done
     pack: PackedLM | None = None
@@ -288,7 +291,7 @@ def _train_members(members: list[_Member], device: torch.device, ends: list[Memb
     rebuild()
     with StopSignals(STOP_OR_WARN, second_ctrl_c_stops_at_once) as sig:
         for m in evaluate:  # only the final evaluation left
-            _finish(m, "ok", size, dtype, sig, end, fail)
+            _finish(m, "ok", dtype, sig, end, fail)
         while training and sig.caught is None:
             failing = [m for m in training if m.cfg.run.fail_at_step is not None and m.step == m.cfg.run.fail_at_step]
             for m in failing:
@@ -340,7 +343,7 @@ def _train_members(members: list[_Member], device: torch.device, ends: list[Memb
                 rebuild()
                 for m, status in leaving:
                     if status != "failed":
-                        _finish(m, status, size, dtype, sig, end, fail)
+                        _finish(m, status, dtype, sig, end, fail)
         if sig.caught is not None:
             for m in training:
                 if ends[m.index] is None:
@@ -416,7 +419,6 @@ def _log(m: _Member, peak: float | None, device: torch.device) -> None:
 def _finish(
     m: _Member,
     status: str,
-    size: int,
     dtype: str,
     sig: StopSignals,
     end: Callable[[_Member, MemberEnd], None],
@@ -448,7 +450,12 @@ def _finish(
             m.ctx,
             Outcome(status, final, m.last_loss, m.step, m.validator.tokens, dtype, "off", plan),
         )
-        result.hardware = {**(result.hardware or hardware_info(m.ctx.device)), "pack": size}
+        # the member's own share of the pack's predicted peaks (a solo run's numbers at this micro-batch: the runs
+        # table is the same packed or not); the pack's in hardware
+        result.predicted_peak_bytes = plan.train_peak / m.pack_size
+        result.predicted_val_peak_bytes = plan.val_peak / m.pack_size
+        pack_info = {"size": m.pack_size, "predicted_peak_bytes": plan.train_peak}
+        result.hardware = {**(result.hardware or hardware_info(m.ctx.device)), "pack": pack_info}
         if status == "diverged":
             limit = 2.0 * math.log(m.cfg.model.vocab_size) + 1.0
             result.error = f"loss {m.last_loss:.4g} at step {result.steps} (non-finite or above {limit:.3g})"
