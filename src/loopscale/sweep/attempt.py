@@ -394,6 +394,8 @@ def _attempt_pack(specs: list[Any], run_dirs: list[Path], hooks: list[Callable[[
     t0 = time.time()
     try:
         ends = train_pack([rs.config for rs in specs], run_dirs, on_step=hooks)
+    except KeyboardInterrupt as exc:  # a second Ctrl-C: stopped at once, every member
+        return [_Ending("interrupted", exc=exc)] * len(specs)
     except ConfigError as err:
         return [_Ending("config", error=f"ConfigError: {err}", traceback=traceback.format_exc())] * len(specs)
     except Exception as exc:  # the pack's own setup (devices): every member, as _attempt records it

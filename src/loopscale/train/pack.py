@@ -313,9 +313,8 @@ def _train_members(members: list[_Member], device: torch.device, ends: list[Memb
                     fail(m, exc)
                 training = []
                 break
-            stop = sig.caught is not None
             leaving: list[tuple[_Member, str]] = []
-            for slot, m in enumerate(training):
+            for slot, m in enumerate(training):  # first every member's step, log and hook (a signal may come)
                 m.last_loss = losses[slot]
                 m.step += 1
                 m.meter.tokens += m.cfg.tokens_per_step
@@ -326,24 +325,31 @@ def _train_members(members: list[_Member], device: torch.device, ends: list[Memb
                     _log(m, peak, device)
                     if m.on_step is not None:
                         m.on_step(m.step, m.ctx.total_steps)
-                    run = m.cfg.run
-                    if should_checkpoint(m.step, m.ctx.total_steps, run.ckpt_every, stopping=stop):
+                except Exception as exc:  # this member's own files or hooks
+                    fail(m, exc)
+                    leaving.append((m, "failed"))
+            stop = sig.caught is not None
+            for slot, m in enumerate(training):  # then the checkpoints (every member's, when a signal stops)
+                if any(m is g for g, _ in leaving):
+                    continue
+                try:
+                    if should_checkpoint(m.step, m.ctx.total_steps, m.cfg.run.ckpt_every, stopping=stop):
                         _checkpoint(m, popt, slot, m.step)
                     if m.step >= m.ctx.total_steps and not stop:
                         _checkpoint(m, popt, slot, m.step)  # before the final evaluation, as train() does
                         leaving.append((m, "ok"))
-                except Exception as exc:  # this member's own files or hooks
+                except Exception as exc:  # this member's own files
                     fail(m, exc)
                     leaving.append((m, "failed"))
-            if stop:
-                break
             if leaving:
                 gone = [m for m, _ in leaving]
                 training = [m for m in training if m not in gone]
                 rebuild()
                 for m, status in leaving:
-                    if status != "failed":
+                    if status == "diverged" or (status == "ok" and not stop):
                         _finish(m, status, dtype, sig, end, fail)
+            if stop:
+                break
         if sig.caught is not None:
             for m in training:
                 if ends[m.index] is None:
