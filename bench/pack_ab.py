@@ -7,7 +7,9 @@ slots, the presets' one thread per run), timed by its wall clock; in every round
 back to back, the order alternating between rounds, so a slow minute of a shared machine slows both. The token
 cache is built before the first measurement. After each pair the two runs tables are compared on every column but
 ``wall_s`` and ``attempts`` (bitwise where packs compute as solo runs do; otherwise the largest val_loss gap is
-printed). Reported per suite: both wall times and their ratio (slots / packed) per round, and the medians.
+printed). Reported per suite: both wall times and their ratio (slots / packed) per round, and the medians; and
+the CPU seconds the sweep and its workers used (user + system), whose ratio moves less with what else runs on a
+shared machine than the wall clock does.
 
 Suites (what is measured; nothing is extrapolated):
 
@@ -54,14 +56,19 @@ def load() -> float:
     return os.getloadavg()[0]
 
 
-def sweep(args: list[str], out: Path, pack: str) -> float:
+def sweep(args: list[str], out: Path, pack: str) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the sweep and all its workers: user + system, ``RUSAGE_CHILDREN``)."""
+    import resource
+
     cmd = [sys.executable, "-m", "loopscale", "sweep", "run", *args, "--out", str(out), "--no-progress", "--pack", pack]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return wall
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def compare(a: Path, b: Path) -> str:
@@ -120,28 +127,33 @@ def main() -> None:
             for pack in order:
                 out = root / f"{suite}-{i}-{pack}"
                 before = load()
-                rec[pack] = sweep(SUITES[suite], out, pack)
+                rec[pack], rec[f"cpu_{pack}"] = sweep(SUITES[suite], out, pack)
                 rec[f"load_{pack}"] = (round(before, 2), round(load(), 2))
             rec["ratio"] = rec["off"] / rec["auto"]
+            rec["cpu_ratio"] = rec["cpu_off"] / rec["cpu_auto"]
             rec["tables"] = compare(root / f"{suite}-{i}-auto", root / f"{suite}-{i}-off")
             results[suite].append(rec)
             print(
                 f"{suite} round {i + 1} ({' first, '.join(order)} second): packed {rec['auto']:.1f} s, "
-                f"slots {rec['off']:.1f} s, slots / packed {rec['ratio']:.2f}; load {rec['load_auto']} / "
+                f"slots {rec['off']:.1f} s, slots / packed {rec['ratio']:.2f}; CPU s {rec['cpu_auto']:.0f} / "
+                f"{rec['cpu_off']:.0f} ({rec['cpu_ratio']:.2f}); load {rec['load_auto']} / "
                 f"{rec['load_off']}; tables {rec['tables']}",
                 flush=True,
             )
             if args.json:
                 args.json.write_text(json.dumps(results, indent=1))
-    print("\nsuite     rounds  packed (median)  slots (median)  slots / packed (median of rounds, range)")
+    print(
+        "\nsuite     rounds  packed (median)  slots (median)  slots / packed: wall (median, range), "
+        "CPU seconds (median, range)"
+    )
     for suite, recs in results.items():
         if not recs:
             continue
-        ratios = [r["ratio"] for r in recs]
+        ratios, cpu = [r["ratio"] for r in recs], [r["cpu_ratio"] for r in recs]
         print(
             f"{suite:8s}  {len(recs):6d}  {statistics.median(r['auto'] for r in recs):13.1f} s  "
             f"{statistics.median(r['off'] for r in recs):12.1f} s  {statistics.median(ratios):.2f} "
-            f"({min(ratios):.2f}-{max(ratios):.2f})"
+            f"({min(ratios):.2f}-{max(ratios):.2f}), {statistics.median(cpu):.2f} ({min(cpu):.2f}-{max(cpu):.2f})"
         )
 
 

@@ -276,6 +276,23 @@ def test_a_signal_checkpoints_every_member_and_the_resumed_pack_is_bitwise_the_u
             assert res["val_loss"] == pytest.approx(ref["val_loss"], rel=1e-3)
 
 
+def test_a_pack_resumes_a_solo_runs_checkpoint(tmp_path: Path) -> None:
+    from loopscale.train import RunInterrupted, train
+    from loopscale.train.pack import train_pack
+
+    cfgs = _three()
+    with pytest.raises(RunInterrupted):
+        train(cfgs[1], tmp_path / "m1", progress=False, on_step=_interrupt_at(7))
+    ends = train_pack(cfgs[:2], [tmp_path / "m0", tmp_path / "m1"])
+    alone = train(cfgs[1], tmp_path / "alone", progress=False)
+    res = ends[1].result
+    assert res is not None and res["steps"] == 14
+    if bitwise_here():
+        assert res["val_loss"] == alone["val_loss"]
+    else:
+        assert res["val_loss"] == pytest.approx(alone["val_loss"], rel=1e-3)
+
+
 def test_members_resumed_at_different_steps_train_on_together(tmp_path: Path) -> None:
     from loopscale.train.pack import train_pack
 
