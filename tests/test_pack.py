@@ -414,6 +414,13 @@ def test_a_technique_that_cannot_run_packed_trains_alone(tmp_path: Path, capsys)
     assert "train one at a time: Wrapped overrides block()" in capsys.readouterr().err
     df, _ = runs_table(store)
     assert (df["status"] == "ok").all()
+    # a member's books are kept when it ends, not when its pack does: the shorter budget's runs are done first
+    events = store.events()
+    assert {e.get("pack") for e in events if e["event"] == "start" and "baseline" in e["run_id"]} == {4}
+    done = {e["run_id"]: e["time"] for e in events if e["event"] == "done"}
+    for r in (1, 2):
+        short = max(done[f"C2e+09_r{r}_d16_baseline_s{s}"] for s in (0, 1))
+        assert short < min(done[f"C4e+09_r{r}_d16_baseline_s{s}"] for s in (0, 1))
 
 
 # ---- memory: a pack is its members side by side -----------------------------------------------------------------

@@ -356,9 +356,11 @@ def _execute_packed(
     executor: str,
     job_id: str | None,
 ) -> tuple[dict[str, str], BaseException | None]:
-    """The members that may start: locked, counted, trained together, settled one by one."""
+    """The members that may start: locked, counted, trained together; each settled (its event, its books) and
+    let go of (its lock) as soon as it ends, while the others train on."""
     outcomes: dict[str, str] = {}
     begun: dict[str, tuple[Any, Lock, dict[str, Any]]] = {}
+    interrupts: list[BaseException] = []
     try:
         for rid in run_ids:
             rs = store.load_run(rid)
@@ -368,23 +370,48 @@ def _execute_packed(
             else:
                 begun[rid] = (rs, *b)
         ids = list(begun)
-        hooks = [_step_hook(begun[rid][1], member_hook(rid)) for rid in ids]
-        ends = _attempt_pack([begun[rid][0] for rid in ids], [store.run_dir(rid) for rid in ids], hooks)
-        interrupt: BaseException | None = None
-        for rid, ending in zip(ids, ends, strict=True):
-            rs, _lock, att = begun[rid]
+
+        def settle(i: int, ending: _Ending) -> None:
+            rid = ids[i]
+            if rid in outcomes or rid not in begun:
+                return
+            rs, lock, att = begun.pop(rid)
             try:
                 outcomes[rid] = _settle(store, rs, att, ending, max_retries)
             except BaseException as exc:  # an interrupt: re-raised once every member's books are kept
-                interrupt = interrupt or exc
-        return outcomes, interrupt
+                outcomes[rid] = "interrupted"
+                interrupts.append(exc)
+            finally:
+                lock.release()
+
+        hooks = [_step_hook(begun[rid][1], member_hook(rid)) for rid in ids]
+        specs, dirs = [begun[rid][0] for rid in ids], [store.run_dir(rid) for rid in ids]
+        for i, ending in enumerate(_attempt_pack(specs, dirs, hooks, settle)):
+            settle(i, ending)  # any member not settled yet (the pack's own setup failed)
+        outcomes = {rid: o for rid, o in outcomes.items() if o != "interrupted"}
+        return outcomes, (interrupts[0] if interrupts else None)
     finally:
         for _rs, lock, _att in begun.values():
             lock.release()
 
 
-def _attempt_pack(specs: list[Any], run_dirs: list[Path], hooks: list[Callable[[int, int], None]]) -> list[_Ending]:
-    """``train_pack`` and how it ended for each member (``_attempt`` for a pack); never raises."""
+def _ending(e: Any) -> _Ending:
+    """A member's ``train.pack.MemberEnd`` as ``_attempt`` reports a run's end."""
+    if e.kind == "result":
+        return _Ending("result", result=e.result)
+    if e.kind == "interrupted":
+        return _Ending("interrupted", exc=e.exc)
+    return _Ending(e.kind, error=e.error, traceback=e.traceback, wall_s=e.wall_s)  # config; failed: result written
+
+
+def _attempt_pack(
+    specs: list[Any],
+    run_dirs: list[Path],
+    hooks: list[Callable[[int, int], None]],
+    on_end: Callable[[int, _Ending], None] | None = None,
+) -> list[_Ending]:
+    """``train_pack`` and how it ended for each member (``_attempt`` for a pack), each handed to ``on_end`` as it
+    happens; never raises."""
     if not specs:
         return []
     from loopscale.train.compiling import use_cache_dir
@@ -392,8 +419,9 @@ def _attempt_pack(specs: list[Any], run_dirs: list[Path], hooks: list[Callable[[
 
     use_cache_dir(run_dirs[0].parent.parent / "compile_cache")
     t0 = time.time()
+    hand = None if on_end is None else (lambda i, e: on_end(i, _ending(e)))
     try:
-        ends = train_pack([rs.config for rs in specs], run_dirs, on_step=hooks)
+        ends = train_pack([rs.config for rs in specs], run_dirs, on_step=hooks, on_end=hand)
     except KeyboardInterrupt as exc:  # a second Ctrl-C: stopped at once, every member
         return [_Ending("interrupted", exc=exc)] * len(specs)
     except ConfigError as err:
@@ -401,15 +429,7 @@ def _attempt_pack(specs: list[Any], run_dirs: list[Path], hooks: list[Callable[[
     except Exception as exc:  # the pack's own setup (devices): every member, as _attempt records it
         tb, wall = traceback.format_exc(), time.time() - t0
         return [_Ending("error", error=f"{type(exc).__name__}: {exc}", traceback=tb, wall_s=wall)] * len(specs)
-    out = []
-    for e in ends:
-        if e.kind == "result":
-            out.append(_Ending("result", result=e.result))
-        elif e.kind == "interrupted":
-            out.append(_Ending("interrupted", exc=e.exc))
-        else:  # config: not retried; failed: the trainer wrote result.json
-            out.append(_Ending(e.kind, error=e.error, traceback=e.traceback, wall_s=e.wall_s))
-    return out
+    return [_ending(e) for e in ends]
 
 
 # -- several ranks --------------------------------------------------------------------------------------------------

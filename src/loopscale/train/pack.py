@@ -116,6 +116,22 @@ class _Member:
         return self.ctx.run_dir
 
 
+class _Ends:
+    """Each member's end as it happens, handed to ``on_end`` at once (the sweep settles each member then)."""
+
+    def __init__(self, n: int, on_end: Callable[[int, MemberEnd], None] | None) -> None:
+        self.ends: list[MemberEnd | None] = [None] * n
+        self.on_end = on_end
+
+    def set(self, i: int, e: MemberEnd) -> None:
+        self.ends[i] = e
+        if self.on_end is not None:
+            self.on_end(i, e)
+
+    def done(self, i: int) -> bool:
+        return self.ends[i] is not None
+
+
 def why_not_packable(cfgs: Sequence[TrainConfig]) -> str | None:
     """None if these configs can train as one pack here, else why not (they then train one at a time)."""
     first = cfgs[0]
@@ -134,15 +150,19 @@ def train_pack(
     run_dirs: Sequence[str | Path],
     *,
     on_step: Sequence[Callable[[int, int], None] | None] | None = None,
+    on_end: Callable[[int, MemberEnd], None] | None = None,
 ) -> list[MemberEnd]:
     """Train (or resume, or return the finished) runs of the same shape as one pack; one ``MemberEnd`` each.
+
+    ``on_end(i, end)`` is called as soon as member ``i`` ends (its result written, or set aside), while the others
+    may still train; it must not raise.
 
     The configs must agree on everything but what each member keeps for itself (``sweep.packs.pack_key``):
     seeds, lengths, learning rates and schedules, data, logging and checkpoint intervals.
     """
     dirs = [Path(d) for d in run_dirs]
     hooks = list(on_step) if on_step is not None else [None] * len(cfgs)
-    ends: list[MemberEnd | None] = [None] * len(cfgs)
+    ends = _Ends(len(cfgs), on_end)
     totals: dict[int, int] = {}
     for i, (cfg, run_dir) in enumerate(zip(cfgs, dirs, strict=True)):
         try:
@@ -150,7 +170,7 @@ def train_pack(
             done = read_result(run_dir)
             if done is not None and done.get("status") == "ok":
                 ck.tidy_finished(run_dir, keep_checkpoint=cfg.run.keep_checkpoint)
-                ends[i] = MemberEnd("result", result=done)
+                ends.set(i, MemberEnd("result", result=done))
                 continue
             totals[i] = cfg.check_length()
             if cfg.model.technique is not None:
@@ -158,9 +178,9 @@ def train_pack(
 
                 technique.cost(cfg.model)
         except ConfigError as err:
-            ends[i] = MemberEnd("config", error=f"ConfigError: {err}", traceback=traceback.format_exc())
+            ends.set(i, MemberEnd("config", error=f"ConfigError: {err}", traceback=traceback.format_exc()))
     if not totals:
-        return [e for e in ends if e is not None]
+        return [e for e in ends.ends if e is not None]
     first = cfgs[next(iter(totals))]
     dist, device = setup_dist(first.run.device)
     if dist.world > 1:  # the executors never pack multi-process runs
@@ -184,12 +204,12 @@ def train_pack(
                 _setup(i, cfg, run_dir, totals[i], dist, device, threads, t_start, datas[key], hooks[i], len(totals))
             )
         except LoopscaleError as err:
-            ends[i] = MemberEnd("config", error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
+            ends.set(i, MemberEnd("config", error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc()))
         except Exception as exc:
-            ends[i] = _failed(cfg, run_dir, exc, t_start, prepare=True)
+            ends.set(i, _failed(cfg, run_dir, exc, t_start, prepare=True))
     if members:
         _train_members(members, device, ends)
-    return [e if e is not None else MemberEnd("failed", error="no outcome") for e in ends]
+    return [e if e is not None else MemberEnd("failed", error="no outcome") for e in ends.ends]
 
 
 def _setup(
@@ -256,7 +276,7 @@ class _Snapshot:
         return self.state
 
 
-def _train_members(members: list[_Member], device: torch.device, ends: list[MemberEnd | None]) -> None:
+def _train_members(members: list[_Member], device: torch.device, ends: _Ends) -> None:
     """The pack's loop: every member still training takes one step per pass; each leaves at its own end."""
     first = members[0].cfg
     dtype = resolved_dtype(device, first.run.dtype)
@@ -283,7 +303,7 @@ def _train_members(members: list[_Member], device: torch.device, ends: list[Memb
         popt.keep(keep, pack.stacked())
 
     def end(m: _Member, e: MemberEnd) -> None:
-        ends[m.index] = e
+        ends.set(m.index, e)
 
     def fail(m: _Member, exc: BaseException) -> None:
         end(m, _failed(m.cfg, m.run_dir, exc, m.ctx.t_start))
@@ -352,13 +372,16 @@ def _train_members(members: list[_Member], device: torch.device, ends: list[Memb
                 break
         if sig.caught is not None:
             for m in training:
-                if ends[m.index] is None:
-                    ends[m.index] = MemberEnd(
-                        "interrupted",
-                        exc=RunInterrupted(
-                            f"{m.run_dir}: stopped by signal {sig.caught} at step {m.step}/{m.ctx.total_steps}; "
-                            "checkpoint saved, rerun to resume",
-                            sig.caught,
+                if not ends.done(m.index):
+                    ends.set(
+                        m.index,
+                        MemberEnd(
+                            "interrupted",
+                            exc=RunInterrupted(
+                                f"{m.run_dir}: stopped by signal {sig.caught} at step {m.step}/{m.ctx.total_steps}; "
+                                "checkpoint saved, rerun to resume",
+                                sig.caught,
+                            ),
                         ),
                     )
 
