@@ -470,3 +470,17 @@ def test_auto_packs_no_more_runs_than_the_device_holds() -> None:
     total = 3.5 * peak / memory.CPU_FRACTION  # usable: 3.5 runs' peaks
     assert pack_cap(cfg, "auto", device_memory=total) == 3
     assert pack_cap(cfg, "auto", device_memory=1e15) == 8 and pack_cap(cfg, 5) == 5 and pack_cap(cfg, "off") == 1
+
+
+def test_the_calibration_times_a_shape_that_packs_as_a_pack_too(tmp_path: Path) -> None:
+    from loopscale.sweep.calibrate import Calibration
+
+    cfg = _train_cfg()
+    cal = Calibration(tmp_path / "calibration.json")
+    measured, total = cal.ensure([cfg], budget_s=60, rows=1, packs={cal.key(cfg): 3})
+    assert (measured, total) == (1, 1)
+    found = cal.pack_timing(cfg)
+    assert found is not None and found[0] == 3 and found[1].s_per_row > 0 and found[1].measured
+    again = Calibration(tmp_path / "calibration.json")  # cached: nothing measured again
+    again.ensure([cfg], budget_s=0.0, packs={again.key(cfg): 3})
+    assert again.pack_timing(cfg) == found
