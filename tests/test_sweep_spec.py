@@ -485,5 +485,6 @@ def test_the_plan_spreads_the_runs_over_the_cpu_slots_timed_at_a_slots_threads(
     cal = Calibration(tmp_path / "calibration.json")
     plan = make_plan(unset, calibration=cal, slots=2, pack="off")
     assert plan.slots == 2 and set(threads) == {2} and len(threads) == 4
-    make_plan(unset, calibration=Calibration(tmp_path / "calibration.json"), slots=4, pack="off")  # 1 thread: timed again
+    # 1 thread: timed again
+    make_plan(unset, calibration=Calibration(tmp_path / "calibration.json"), slots=4, pack="off")
     assert threads[4:] == [1] * 4
