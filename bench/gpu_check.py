@@ -10,10 +10,14 @@ error), so one broken part never loses the others:
    the 0 + 20 + 0 loop) at s = 10 and s = 20 for r = 1, 2, 4, 8: a full training step (forward, backward,
    MuonH + AdamW) in bf16, eager and whole-model compiled: tokens/s, MFU against the device's dense bf16
    peak, measured peak memory beside loopscale.memory's prediction for the same micro-batch.
-2. ``train``: ``loopscale train`` of a paper-grid model (s = 10, r = 4, 32 rows of 2048 per step) for 300
+2. ``packs``: k small runs as one pack (``loopscale.train.pack``; the sweep's default for same-shaped runs) on one
+   device, k = 1, 4, 16 at d = 64 and 256 (L_eff 12 as 2 + 2 x 4 + 2, head_dim 64, T 256, 32 rows per member,
+   the byte vocabulary 257, bf16): tokens/s of all members together beside one solo run's, measured peak memory
+   beside ``loopscale.memory``'s prediction for the pack (k members' peaks side by side).
+3. ``train``: ``loopscale train`` of a paper-grid model (s = 10, r = 4, 32 rows of 2048 per step) for 300
    steps on the embedded data: its loss curve, tokens/s, MFU, final validation loss.
-3. ``ddp``: ``torchrun`` over every visible GPU (one GPU: a world of one), 30 steps.
-4. ``sweep``: a tiny sweep through the local executor with one GPU slot per device.
+4. ``ddp``: ``torchrun`` over every visible GPU (one GPU: a world of one), 30 steps.
+5. ``sweep``: a tiny sweep through the local executor with one GPU slot per device.
 
 Writes ``gpu_check.json`` (everything) and ``gpu_check.md`` (the tables) to ``--out`` after every section.
 """
@@ -170,7 +174,114 @@ def section_steps(args: argparse.Namespace, clock: Clock, device: torch.device) 
     return results
 
 
-# ---- 2-4. the CLI: train, torchrun, sweep ------------------------------------------------------------
+# ---- 2. packs -----------------------------------------------------------------------------------------
+def pack_model(d: int, smoke: bool) -> ModelConfig:
+    """A small study's run (the CPU presets' shape at GPU widths): L_eff 12 as 2 + 2 x 4 + 2, byte vocabulary."""
+    if smoke:
+        return ModelConfig(d_model=d, head_dim=16, L_eff=12, r=4, vocab_size=257, seq_len=32)
+    return ModelConfig(d_model=d, head_dim=64, L_eff=12, r=4, vocab_size=257, seq_len=256)
+
+
+def measure_pack(
+    cfg: ModelConfig, k: int, rows: int, device: torch.device, dtype: str, steps: int, solo: bool = False
+) -> dict[str, Any]:
+    """``k`` members of ``cfg`` as one pack (or, ``solo``, one plain run): the median step over ``steps``."""
+    from loopscale.model.packed import PackedLM
+    from loopscale.optim.packed import PackedOptimizers
+
+    models, opts = [], []
+    for seed in range(k):
+        torch.manual_seed(seed)
+        model = LoopedLM(cfg).to(device)
+        models.append(model)
+        opts.append(
+            build_optimizers(
+                model.param_groups(),
+                OptimConfig(),
+                d_model=cfg.width,
+                tokens_per_step=rows * cfg.seq_len,
+                total_tokens=1e9,
+                r=cfg.r,
+            )
+        )
+    x = torch.randint(0, cfg.vocab_size, (k, rows, cfg.seq_len + 1), device=device)
+    if solo:
+        model, opt = models[0], opts[0]
+
+        def step() -> None:
+            with autocast(device, dtype):
+                loss = model(x[0, :, :-1], x[0, :, 1:])
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    else:
+        pack = PackedLM(models)
+        popt = PackedOptimizers(pack.stacked(), opts, [{id(p): n for n, p in m.named_parameters()} for m in models])
+
+        def step() -> None:
+            with autocast(device, dtype):
+                losses = pack(x[:, :, :-1], x[:, :, 1:])
+            losses.sum().backward()
+            popt.step()
+            popt.zero_grad()
+
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    step()
+    step()
+    times = []
+    for _ in range(steps):
+        sync(device)
+        t = time.perf_counter()
+        step()
+        sync(device)
+        times.append(time.perf_counter() - t)
+    sec = statistics.median(times)
+    members = 1 if solo else k
+    rg = memory.regime(device.type, dtype)
+    out: dict[str, Any] = {
+        "d_model": cfg.width,
+        "k": members,
+        "mode": "solo" if solo else "pack",
+        "rows": rows,
+        "tokens_per_s": members * rows * cfg.seq_len / sec,
+        "ms_per_step": 1e3 * sec,
+        "predicted_peak_bytes": members * memory.train_peak(cfg, rows, rg).total,
+    }
+    if device.type == "cuda":
+        out["measured_peak_bytes"] = int(torch.cuda.max_memory_allocated(device))
+        out["measured_over_predicted"] = out["measured_peak_bytes"] / out["predicted_peak_bytes"]
+    return out
+
+
+def section_packs(args: argparse.Namespace, clock: Clock, device: torch.device) -> list[dict[str, Any]]:
+    dtype = "float32" if args.smoke else "bfloat16"
+    widths, ks, rows = ((16, 32), (1, 2), 2) if args.smoke else ((64, 256), (1, 4, 16), 32)
+    plan = [(d, 1, True) for d in widths] + [(d, k, False) for d in widths for k in ks]
+    results = []
+    for d, k, solo in plan:
+        if clock.left() < 15 + args.reserve_s:
+            results.append({"d_model": d, "k": k, "mode": "solo" if solo else "pack", "skipped": "time budget"})
+            continue
+        print(f"packs: d={d} k={k} {'solo' if solo else 'pack'}", flush=True)
+        try:
+            res = measure_pack(pack_model(d, args.smoke), k, rows, device, dtype, 3 if args.smoke else 10, solo)
+        except Exception as e:
+            res = {"d_model": d, "k": k, "error": f"{type(e).__name__}: {e}"[:500], "traceback": traceback.format_exc()}
+        print(f"  {json.dumps({key: v for key, v in res.items() if key != 'traceback'})[:300]}", flush=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        results.append(res)
+    solo_tps = {m["d_model"]: m["tokens_per_s"] for m in results if m.get("mode") == "solo" and "tokens_per_s" in m}
+    for m in results:
+        if m.get("mode") == "pack" and m.get("d_model") in solo_tps and "tokens_per_s" in m:
+            m["vs_solo"] = m["tokens_per_s"] / solo_tps[m["d_model"]]
+    return results
+
+
+# ---- 3-5. the CLI: train, torchrun, sweep ------------------------------------------------------------
 def _toml(d: dict[str, Any]) -> str:
     import tomli_w
 
@@ -372,6 +483,24 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {m.get('s')} | {m.get('r')} | {m.get('mode')} | {m.get('rows', '-')} | {tps} | {ms} | {mfu} "
             f"| {_gb(m.get('measured_peak_bytes'))} / {_gb(m.get('predicted_peak_bytes'))} | {note} |"
         )
+    if report.get("packs") and isinstance(report["packs"], list):
+        lines += [
+            "",
+            "## packs (k runs as one model)",
+            "",
+            "| d | k | mode | tokens/s (all members) | vs one solo run | ms/step | peak GB (measured / predicted) "
+            "| note |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for m in report["packs"]:
+            note = m.get("skipped") or (m.get("error") or "")[:80]
+            tps = f"{m['tokens_per_s']:,.0f}" if m.get("tokens_per_s") else "-"
+            vs = f"{m['vs_solo']:.2f}x" if m.get("vs_solo") else "-"
+            ms = f"{m['ms_per_step']:.1f}" if m.get("ms_per_step") else "-"
+            lines.append(
+                f"| {m.get('d_model')} | {m.get('k')} | {m.get('mode', '-')} | {tps} | {vs} | {ms} "
+                f"| {_gb(m.get('measured_peak_bytes'))} / {_gb(m.get('predicted_peak_bytes'))} | {note} |"
+            )
     for name in ("train", "ddp", "sweep"):
         sec = report.get(name)
         if not sec:
@@ -407,7 +536,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=8, help="rows of T per timed step")
     ap.add_argument("--train-s", type=int, default=10, help="width of the 300-step run")
     ap.add_argument("--no-compile", action="store_true")
-    ap.add_argument("--sections", nargs="+", default=["steps", "train", "ddp", "sweep"])
+    ap.add_argument("--sections", nargs="+", default=["steps", "packs", "train", "ddp", "sweep"])
     args = ap.parse_args()
     if args.smoke:
         args.s, args.train_s, args.no_compile = [1, 2], 1, True
@@ -432,6 +561,7 @@ def main() -> None:
     }
     sections = {
         "steps": lambda: section_steps(args, clock, device),
+        "packs": lambda: section_packs(args, clock, device),
         "train": lambda: section_train(args, clock, work),
         "ddp": lambda: section_ddp(args, clock, work),
         "sweep": lambda: section_sweep(args, clock, work),

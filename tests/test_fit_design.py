@@ -172,7 +172,6 @@ def test_a_point_misfit_is_shared_by_seeds_and_correlated_with_a_paired_techniqu
 
 def test_simulated_paired_studies_read_delta_phi_three_ways_and_the_search_ranks_grids_by_cost():
     from loopscale.fit.paired_design import READINGS, pair_variants, search_pair, simulate_pair
-
     from test_fit_inference import DEMO_RUNS, LAW
 
     g = pd.read_csv(DEMO_RUNS)

@@ -25,6 +25,7 @@ def test_the_gpu_check_runs_its_sections_and_writes_json_and_markdown(tmp_path: 
             str(tmp_path),
             "--sections",
             "steps",
+            "packs",
             "train",
         ],
         env=env,
@@ -37,8 +38,20 @@ def test_the_gpu_check_runs_its_sections_and_writes_json_and_markdown(tmp_path: 
     steps = report["steps"]
     assert [(m["s"], m["r"]) for m in steps] == [(s, r) for s in (1, 2) for r in (1, 2, 4, 8)]
     assert all(m["tokens_per_s"] > 0 and m["predicted_peak_bytes"] > 0 and "error" not in m for m in steps)
+    packs = report["packs"]
+    assert [(m["d_model"], m["k"], m["mode"]) for m in packs] == [
+        (16, 1, "solo"),
+        (32, 1, "solo"),
+        *[(d, k, "pack") for d in (16, 32) for k in (1, 2)],
+    ]
+    assert all(m["tokens_per_s"] > 0 and "error" not in m for m in packs) and packs[-1]["vs_solo"] > 0
     train = report["train"]
     assert train["rc"] == 0 and train["status"] == "ok" and train["steps"] == 20
     assert [s for s, _ in train["loss_curve"]] == [10, 20]
     md = (tmp_path / "gpu_check.md").read_text()
-    assert md.startswith("# loopscale GPU check (cpu") and "| 2 | 8 | off |" in md and "## train" in md
+    assert (
+        md.startswith("# loopscale GPU check (cpu")
+        and "| 2 | 8 | off |" in md
+        and "## train" in md
+        and "## packs" in md
+    )

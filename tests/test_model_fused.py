@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from loopscale.config import ModelConfig
 from loopscale.errors import ConfigError
 from loopscale.model import LoopedLM, fused
-from loopscale.model.layers import Rotary, _qk_norm
+from loopscale.model.layers import Rotary, qk_norm
 from loopscale.train.hardware import MALLOC_ENV, tune_cpu_malloc
 
 
@@ -88,7 +88,7 @@ def test_rope_qk_norm_is_the_paper_rotation_in_interleaved_rows():
     qkv_inter[:, :, :2] = qkv_half[:, :, :2, :, order]
     for past in (0, 5):
         q, k, v = fused.rope_qk_norm(qkv_inter, rot.turn(past, T, qkv_inter), 1e-6)
-        want = _qk_norm(rot(qkv_half[:, :, :2].permute(2, 0, 3, 1, 4), past), 1e-6)  # [2, B, H, T, hd]
+        want = qk_norm(rot(qkv_half[:, :, :2].permute(2, 0, 3, 1, 4), past), 1e-6)  # [2, B, H, T, hd]
         back = torch.empty_like(q)
         back[..., order] = q
         torch.testing.assert_close(back.transpose(1, 2), want[0], rtol=1e-5, atol=1e-6)

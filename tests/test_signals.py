@@ -72,3 +72,30 @@ def test_sweep_workers_train_inside_the_worker_handler(tmp_path: Path, monkeypat
         os.dup2(saved, 1)
         os.close(saved)
     assert len(seen) == 2 and all(isinstance(h, signals.StopSignals) for h in seen), seen
+
+
+def test_ctrl_c_is_ignored_inside_and_restored_after() -> None:
+    before = signal.getsignal(signal.SIGINT)
+    with signals.ctrl_c_ignored():
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGINT)  # nothing happens
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+_EXITING = """\
+import atexit, os, signal, sys, time
+from loopscale.signals import exit_at_once_on_ctrl_c
+if sys.argv[1] == "late":  # registered before it: runs after its own callback, late in the shutdown
+    atexit.register(os.kill, os.getpid(), signal.SIGINT)
+exit_at_once_on_ctrl_c(130)
+if sys.argv[1] == "now":
+    os.kill(os.getpid(), signal.SIGINT)  # while it winds down: ends it at once, with 130
+    time.sleep(30)
+sys.exit(3)
+"""
+
+
+def test_an_interrupted_command_ends_with_its_status_whatever_a_further_ctrl_c_does() -> None:
+    for when, status in (("now", 130), ("late", 3)):  # late: ignored (not the default: -2)
+        done = subprocess.run([sys.executable, "-c", _EXITING, when], capture_output=True, text=True, timeout=60)
+        assert done.returncode == status, (when, done.returncode, done.stderr[-2000:])

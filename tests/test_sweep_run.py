@@ -161,6 +161,46 @@ def test_sigkill_mid_run_then_restart_finishes_every_run_once_with_the_same_tabl
     assert len(starts) == 2 and starts[1]["resume"] is True
 
 
+@pytest.mark.long
+def test_sigkill_mid_pack_then_restart_gives_the_runs_table_of_an_unkilled_packed_sweep(tmp_path: Path) -> None:
+    """Two seeds: the runs of each (r, d) train as one pack of 4 (2 seeds x 2 budgets, members leaving at their
+    own steps). Killed with SIGKILL while a pack has finished members and checkpointed ones, rerun: each member
+    resumes from its own checkpoint, and the runs table is bitwise that of the same sweep never killed."""
+    from loopscale.cli import run_app
+
+    spec = tiny_spec(seeds=[0, 1])
+    spec["train"]["run"]["ckpt_every"] = 3
+    straight_store = prepare(spec_from_dict(spec, source="tiny.toml"), tmp_path / "straight")
+    assert run_sweep(spec_from_dict(spec), straight_store, progress=False, slots=1).count("done") == 16
+    straight, _ = runs_table(straight_store)
+    spec_path = write_spec(tmp_path / "tiny.toml", spec)
+    root = tmp_path / "killed"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loopscale", "sweep", "run", str(spec_path), "--out", str(root), "--no-progress"],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _wait_mid_run(root, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    store = SweepStore(root)
+    _wait_unlocked(store)
+    packs = {e["run_id"]: e.get("pack") for e in store.events() if e["event"] == "start"}
+    assert set(packs.values()) == {4}, packs  # every run started as one of a pack of 4
+    states = {rs.run_id: store.state(rs.run_id).status for rs in store.planned()}
+    assert "done" in states.values() and "running" not in states.values()
+    assert any(st == "interrupted" and (root / "runs" / rid / "ckpt.pt").exists() for rid, st in states.items())
+    assert run_app(["sweep", "run", str(root), "--no-progress"]) == 0
+    assert run_app(["sweep", "collect", str(root)]) == 0
+    df = pd.read_parquet(root / "runs.parquet")
+    cols = [c for c in straight.columns if c not in ("wall_s", "attempts")]
+    pd.testing.assert_frame_equal(df[cols], straight[cols], check_exact=True)  # bitwise: no tolerance
+    done = [e["run_id"] for e in store.events() if e["event"] == "done"]
+    assert sorted(done) == sorted(straight["run_id"])  # every run finished exactly once
+
+
 def test_a_kill_between_result_and_done_event_is_logged_on_restart(finished, tmp_path: Path) -> None:
     """A run whose result.json was written but whose "done" event was not (killed in between) gets its end
     logged, marked recovered, when the sweep restarts; it is not retrained and nothing is logged twice."""
@@ -233,10 +273,10 @@ def test_cpu_slots_train_runs_side_by_side_with_bitwise_the_serial_runs_table(fi
     events = store.events()
     starts = [e for e in events if e["event"] == "start"]
     assert {e["executor"] for e in starts} == {"local-worker"} and os.getpid() not in {e["pid"] for e in starts}
-    begin = {e["run_id"]: e["time"] for e in starts}
-    spans = [(begin[e["run_id"]], e["time"]) for e in events if e["event"] == "done"]
-    overlap = max(sum(a <= t < b for a, b in spans) for t, _ in spans)
-    assert overlap == 2  # two runs at a time, never more
+    begin = {e["run_id"]: (e["time"], e["pid"]) for e in starts}
+    spans = [(begin[e["run_id"]][0], e["time"], begin[e["run_id"]][1]) for e in events if e["event"] == "done"]
+    overlap = max(len({pid for a, b, pid in spans if a <= t < b}) for t, _, _ in spans)
+    assert overlap == 2  # two slot workers at a time (each a pack of runs of one shape), never more
     for rs in spec.runs():
         assert json.loads((store.run_dir(rs.run_id) / "result.json").read_text())["threads"] == 1
 
@@ -333,9 +373,11 @@ def test_gpu_slots_split_the_gpus_into_groups_of_nproc_per_run(monkeypatch: pyte
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # ids are physical
     assert gpu_slots([0, 1, 2, 3], 1) == [{"CUDA_VISIBLE_DEVICES": str(i)} for i in range(4)]
     assert gpu_slots([0, 1, 2, 3, 4], 2) == [{"CUDA_VISIBLE_DEVICES": "0,1"}, {"CUDA_VISIBLE_DEVICES": "2,3"}]
-    cmd = _worker_cmd(SweepStore("/x"), "rid", 2, nproc=2)
+    cmd = _worker_cmd(SweepStore("/x"), ["rid"], 2, nproc=2)
     assert cmd[1:4] == ["-m", "torch.distributed.run", "--standalone"] and "--nproc-per-node=2" in cmd
     assert cmd[-5:] == ["run-one", "/x", "rid", "--max-retries", "2"]
+    cmd = _worker_cmd(SweepStore("/x"), ["a", "b"], 2, nproc=1)  # a pack: one worker for its runs
+    assert cmd[-6:] == ["run-one", "/x", "a", "b", "--max-retries", "2"]
 
 
 def test_gpu_ids_are_positions_in_the_parents_cuda_visible_devices_and_uuids_pass_through(
@@ -428,13 +470,15 @@ def test_gpu_slots_run_one_worker_per_gpu_at_a_time(tmp_path: Path, monkeypatch:
         " 'N_once': 1, 'N_rec': 1, 'D': 1}))\n"
     )
     monkeypatch.setattr(
-        local, "_worker_cmd", lambda store, rid, retries, nproc: [sys.executable, "-c", worker, str(store.run_dir(rid))]
+        local,
+        "_worker_cmd",
+        lambda store, ids, retries, nproc: [sys.executable, "-c", worker, str(store.run_dir(ids[0]))],
     )
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)), raising=False)  # a 16-core node
     spec = spec_from_dict(tiny_spec())
     store = prepare(spec, tmp_path / "sw")
-    summary = run_sweep(spec, store, gpus=[0, 1], progress=False)
+    summary = run_sweep(spec, store, gpus=[0, 1], progress=False, pack="off")  # the stand-in trains one run
     assert summary.count("done") == 8
     gpus = [(store.run_dir(rs.run_id) / "gpu.txt").read_text() for rs in spec.runs()]
     assert sorted(set(gpus)) == ["0", "1"]

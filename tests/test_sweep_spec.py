@@ -412,10 +412,11 @@ def test_calibration_times_each_shape_once_and_is_cached(tmp_path: Path, monkeyp
 
     monkeypatch.setattr(calibrate, "measure", counting)
     spec = spec_from_dict(tiny_spec())
-    plan = make_plan(spec, calibration=Calibration(tmp_path / "calibration.json"))
+    # solo runs (packs are timed as packs too: tests/test_pack.py)
+    plan = make_plan(spec, calibration=Calibration(tmp_path / "calibration.json"), pack="off")
     assert sorted(calls) == [(1, 16), (1, 32), (2, 16), (2, 32)]
     assert all(r.est_s > 0 and r.est_kind == "measured" for r in plan.rows) and plan.total_s > 0
-    make_plan(spec, calibration=Calibration(tmp_path / "calibration.json"))
+    make_plan(spec, calibration=Calibration(tmp_path / "calibration.json"), pack="off")
     assert len(calls) == 4
 
 
@@ -469,7 +470,8 @@ def test_the_plan_spreads_the_runs_over_the_cpu_slots_timed_at_a_slots_threads(
     assert makespan([4, 3, 3, 2], 2) == 6 and makespan([4, 3, 3, 2], 1) == 12 and makespan([5, 1, 1], 3) == 5
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(4)), raising=False)  # a 4-core machine
     spec = spec_from_dict(tiny_spec())  # run.threads = 1: 4 slots by default
-    serial, parallel = make_plan(spec, flops_per_s=1e10, slots=1), make_plan(spec, flops_per_s=1e10)
+    serial = make_plan(spec, flops_per_s=1e10, slots=1, pack="off")
+    parallel = make_plan(spec, flops_per_s=1e10, pack="off")
     assert (serial.slots, parallel.slots) == (1, 4) and serial.total_s == parallel.total_s == serial.wall_s
     est = [r.est_s for r in parallel.rows]
     assert parallel.wall_s == pytest.approx(makespan(est, 4) + calibrate.SLOT_START_S)
@@ -481,7 +483,8 @@ def test_the_plan_spreads_the_runs_over_the_cpu_slots_timed_at_a_slots_threads(
     del data["train"]["run"]["threads"]
     unset = spec_from_dict(data)  # no run.threads: each slot's share of the cores
     cal = Calibration(tmp_path / "calibration.json")
-    plan = make_plan(unset, calibration=cal, slots=2)
+    plan = make_plan(unset, calibration=cal, slots=2, pack="off")
     assert plan.slots == 2 and set(threads) == {2} and len(threads) == 4
-    make_plan(unset, calibration=Calibration(tmp_path / "calibration.json"), slots=4)  # 1 thread: timed again
+    # 1 thread: timed again
+    make_plan(unset, calibration=Calibration(tmp_path / "calibration.json"), slots=4, pack="off")
     assert threads[4:] == [1] * 4

@@ -56,7 +56,7 @@ def test_a_step_in_micro_batches_is_the_whole_batch_step(tmp_path: Path) -> None
     """Gradient accumulation over 4 micro-batches updates the model as one batch of 8 rows does."""
     from loopscale.model import LoopedLM
     from loopscale.optim import build_optimizers
-    from loopscale.train.loop import _load_data
+    from loopscale.train.loop import load_data
 
     def one_step(micro: int) -> tuple[float, torch.Tensor]:
         cfg = cfg_with(f"run.micro_batch={micro}")
@@ -71,7 +71,7 @@ def test_a_step_in_micro_batches_is_the_whole_batch_step(tmp_path: Path) -> None
             r=cfg.model.r,
         )
         cpu = torch.device("cpu")
-        s = Step(model, None, opt, _load_data(cfg), Batching.for_run(cfg, cpu, 1), cfg.data.seed, cpu, "float32", 0, 1)
+        s = Step(model, None, opt, load_data(cfg), Batching.for_run(cfg, cpu, 1), cfg.data.seed, cpu, "float32", 0, 1)
         loss, _lr = train_step(s, 0, 10)
         return loss, torch.cat([p.detach().flatten() for p in model.parameters()])
 
@@ -83,11 +83,11 @@ def test_a_step_in_micro_batches_is_the_whole_batch_step(tmp_path: Path) -> None
 
 def test_the_validator_scores_the_same_rows_periodically_and_finally() -> None:
     from loopscale.model import LoopedLM
-    from loopscale.train.loop import _load_data
+    from loopscale.train.loop import load_data
 
     cfg = cfg_with()
     model = LoopedLM(cfg.model)
-    rows = _load_data(cfg).val_rows(cfg.run.val_tokens)
+    rows = load_data(cfg).val_rows(cfg.run.val_tokens)
     v = Validator(model, rows, micro_batch=4, device=torch.device("cpu"), dtype="float32")
     assert v.tokens == rows.size(0) * (rows.size(1) - 1)
     final = v.final(lambda: False, None)

@@ -470,17 +470,26 @@ class MicroBatches:
         }
 
 
-def micro_batches(cfg: TrainConfig, *, device: str, limit: float | None, world: int = 1) -> MicroBatches:
+def micro_batches(cfg: TrainConfig, *, device: str, limit: float | None, world: int = 1, pack: int = 1) -> MicroBatches:
     """A run's micro-batches on ``device`` with ``limit`` usable bytes per process.
 
     ``run.micro_batch``: None = all the process's rows in one forward; an int = that many (at most all);
     ``"auto"`` = the largest divisor of the rows per process whose training peak is within ``limit``
     (all rows when the limit is unknown), and for validation, which keeps no activations, the largest
     divisor (at least the training one) whose validation peak is within it.
+
+    ``pack``: the run is one of ``pack`` same-shaped members trained as one model (``loopscale.train.pack``).
+    Every term of a pack's step is its members' side by side (stacked weights, gradients and optimiser state,
+    each member's activations, the batched orthogonalisation; the packed loss's chunks hold no more rows per
+    member than a solo run's), so its peak is ``pack`` times a member's: each member plans for ``limit / pack``
+    and the peaks returned are the pack's. Validation runs one member at a time beside the pack's state, which
+    the same product bounds.
     """
     model, run, opt = cfg.model, cfg.run, cfg.optim
     rg = regime(device, run.dtype, fused_loss=run.fused_loss)
     per = max(1, run.batch_size // world)
+    k_pack = max(1, pack)
+    each = None if limit is None else limit / k_pack
 
     def tp(k: int) -> Peak:
         return train_peak(model, k, rg, optim=opt.name, ns_dtype=opt.ns_dtype, world=world, accumulate=k < per)
@@ -488,14 +497,20 @@ def micro_batches(cfg: TrainConfig, *, device: str, limit: float | None, world: 
     def vp(k: int) -> Peak:
         return eval_peak(model, k, rg, optim=opt.name, world=world)
 
-    if run.micro_batch != "auto" or limit is None:
+    if run.micro_batch != "auto" or each is None:
         k = per if run.micro_batch in (None, "auto") else min(int(run.micro_batch), per)
-        return MicroBatches(per, k, k, tp(k).total, vp(k).total, limit)
-    fits = largest_fitting(per, limit, tp)
+        return MicroBatches(per, k, k, k_pack * tp(k).total, k_pack * vp(k).total, limit)
+    fits = largest_fitting(per, each, tp)
     if fits is None:
-        return MicroBatches(per, None, None, tp(1).total, vp(1).total, limit)
-    v = largest_fitting(per, limit, vp, at_least=fits) or fits
-    return MicroBatches(per, fits, v, tp(fits).total, vp(v).total, limit)
+        return MicroBatches(per, None, None, k_pack * tp(1).total, k_pack * vp(1).total, limit)
+    v = largest_fitting(per, each, vp, at_least=fits) or fits
+    return MicroBatches(per, fits, v, k_pack * tp(fits).total, k_pack * vp(v).total, limit)
+
+
+def pack_peak(cfg: TrainConfig, k: int, *, device: str) -> float:
+    """The predicted peak of ``k`` runs like ``cfg`` trained as one pack, at the run's configured micro-batch
+    (``micro_batches(pack=k)``; "auto" taken as all rows)."""
+    return micro_batches(cfg, device=device, limit=None, pack=k).train_peak
 
 
 def max_rows(cfg: TrainConfig, *, device: str, limit: float, most: int) -> int:

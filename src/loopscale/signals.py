@@ -3,13 +3,20 @@
 A signal only sets a flag (``caught``) that the owner checks at a safe point (between steps, between
 evaluation batches, between runs); ``on_signal`` lets the owner react at once as well (forward the
 signal to workers, stop a sweep between runs, turn a second Ctrl-C into KeyboardInterrupt).
+
+Every other disposition loopscale sets is here too: a process pool's workers ignore Ctrl-C (``pool_worker``),
+its parent ignores a second one while it stops them (``ctrl_c_ignored``), and an interrupted command exits 130
+whatever a further Ctrl-C does while the interpreter winds down (``exit_at_once_on_ctrl_c``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 #: What preemption and people send: SLURM preempts with SIGTERM, Ctrl-C is SIGINT.
@@ -70,3 +77,45 @@ def second_ctrl_c_stops_at_once(signum: int, first: bool) -> None:
     """The trainer's ``on_signal``: the first signal waits for the step's end; a second Ctrl-C does not."""
     if not first and signum == signal.SIGINT:
         raise KeyboardInterrupt
+
+
+def pool_worker() -> None:
+    """The dispositions of a process pool's worker (``loopscale.pool``): SIGINT ignored (a terminal's Ctrl-C
+    reaches the whole process group, and the parent decides: it kills its workers), SIGTERM at its default
+    (whatever handler the parent had: the worker keeps no books)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def ctrl_c_ignored() -> Iterator[None]:
+    """Inside, SIGINT is ignored (main thread only; elsewhere nothing changes): a second Ctrl-C while a first
+    one is being acted on (a pool's workers stopped) is not a second interruption."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def exit_at_once_on_ctrl_c(status: int = 130) -> None:
+    """From now on a Ctrl-C ends the process with ``status``: for a command that was interrupted and now only
+    exits (``loopscale.cli.main``). A second Ctrl-C while the interpreter winds down (threads joined, atexit,
+    modules torn down: tenths of a second after `design`) would otherwise raise inside that shutdown or, once
+    Python has reset its handler to the default, kill the process by SIGINT (status -2). While threads are
+    joined it ends the process at once (nothing can hang it); from the atexit callbacks on it is ignored
+    (Python resets a handler of its own before it tears the modules down, but leaves an ignored signal ignored).
+    """
+    import atexit
+
+    def now(signum: int, frame: Any) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):  # (a write under way in the interrupted frame)
+                stream.flush()
+        os._exit(status)
+
+    signal.signal(signal.SIGINT, now)
+    atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)  # registered last: runs first

@@ -176,6 +176,15 @@ def design(
     ),
     sigma: float | None = typer.Option(None, "--sigma", help="Per-run noise sd in nats (default: estimated)."),
     cell_sigma: float | None = typer.Option(None, "--cell-sigma", help="Noise sd shared by a (C, r) cell, nats."),
+    point_sigma: float | None = typer.Option(
+        None, "--point-sigma", help="The law's misfit per design point (C, r, width), shared by its seeds, nats."
+    ),
+    shared: float | None = typer.Option(
+        None, "--shared", help="Correlation of a technique's misfit with the reference's (default: estimated)."
+    ),
+    flops_per_s: float | None = typer.Option(
+        None, "--flops-per-s", help="Training FLOP/s of one run, for the search's times (default: the pilot's)."
+    ),
     noise_from: list[Path] = typer.Option([], "--noise-from", help="Runs table(s) to estimate both sds from."),
     sims: int = typer.Option(32, "--sims", help="Simulated studies (each a full fit with bootstrap)."),
     bootstrap: int = typer.Option(50, "--bootstrap", help="Cell resamples per simulated fit."),
@@ -224,7 +233,7 @@ def design(
 
     if sims < 2 or bootstrap < 0 or restarts < 1:
         raise ConfigError("--sims", "expected --sims >= 2, --bootstrap >= 0, --restarts >= 1", value=sims)
-    for flag, x in (("--sigma", sigma), ("--cell-sigma", cell_sigma)):
+    for flag, x in (("--sigma", sigma), ("--cell-sigma", cell_sigma), ("--point-sigma", point_sigma)):
         if x is not None and not (x >= 0 and x < float("inf")):
             raise ConfigError(flag, "expected a noise sd in nats, >= 0 (e.g. 0.04)", value=x)
     if lr_draws < 0 or 0 < lr_draws < 100:
@@ -234,11 +243,19 @@ def design(
     grid = planned_grid(sp, r1_from)
     tech = planned_grid(sp, None, technique) if technique else None
     law, doc, prior_src = _prior(prior, variant)
-    noise = _noise(sigma, cell_sigma, noise_from, law, doc, r1_from)
-    if technique:
-        import dataclasses
+    import dataclasses
 
-        rho, rho_src = _shared(noise, doc, technique, r1_from, noise_from)
+    noise = _noise(sigma, cell_sigma, noise_from, law, doc, r1_from)
+    if point_sigma is not None:
+        noise = dataclasses.replace(noise, point_sd=point_sigma, source=f"{noise.source}; point sd: --point-sigma")
+    rho_src = ""
+    if technique:
+        if shared is not None:
+            if not 0 <= shared <= 1:
+                raise ConfigError("--shared", "expected a correlation in [0, 1]", value=shared)
+            rho, rho_src = shared, "--shared"
+        else:
+            rho, rho_src = _shared(noise, doc, technique, r1_from, noise_from)
         noise = dataclasses.replace(noise, shared=rho)
     fit_delta = delta
     if fit_delta is None:
@@ -289,7 +306,7 @@ def design(
                     progress=lambda msg: status.update(msg),
                 )
     wall = time.perf_counter() - t0
-    rate = _flops_per_s(noise_from, doc)
+    rate = _flops_per_s(noise_from, doc) if flops_per_s is None else (flops_per_s, 1.0)
     if as_json:
         from dataclasses import asdict
 
@@ -519,7 +536,7 @@ def _print_pair(
     if rate is not None:
         console.print(
             f"time: the whole spec's {total:.3g} FLOPs x cost at {rate[0]:.3g} FLOP/s per run, {rate[1]:.0f} at a "
-            "time (the pilot's runs)",
+            "time (--flops-per-s, or measured on the pilot's runs)",
             highlight=False,
         )
     if target is None:

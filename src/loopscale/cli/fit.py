@@ -290,8 +290,8 @@ def _summary(res: FitResult) -> dict[str, Any]:
         out["variants"][name]["held_out"].update({k: x.get("held_out") for k, x in v.law_variants.items()})
     for d in res.delta_phi:
         row = {k: d.get(k) for k in ("reference", "variant", "delta_phi", "ci", "fraction_above_zero", "leading")}
-        inf: Any = res.variants[d.variant].inference if d.variant in res.variants else None
-        paired = (inf or {}).get("paired_delta_phi")
+        inf = res.variants[d.variant].inference if d.variant in res.variants else None
+        paired = inf.paired_delta_phi if inf is not None else None
         row["paired"] = None
         if paired:
             keep = ("estimate", "ci", "tests", "at_bound", "misfit")
@@ -390,8 +390,8 @@ def _print_delta_phi(res: FitResult, style: box.Box, level: str) -> None:
     for d in res.delta_phi:
         lead = (d.leading or {}).get("reading")
         inf = d.inference or {}
-        own: Any = res.variants[d.variant].inference if d.variant in res.variants else None
-        paired = (own or {}).get("paired_delta_phi")
+        v_inf = res.variants[d.variant].inference if d.variant in res.variants else None
+        paired = v_inf.paired_delta_phi if v_inf is not None else None
         rows = [
             ("separate fits (profile)", inf.get("estimate", d.delta_phi), inf.get("ci"), inf, lead == "separate fits")
         ]
@@ -426,8 +426,8 @@ def _print_delta_phi(res: FitResult, style: box.Box, level: str) -> None:
             )
         sh = d.shared or {}
         if isinstance(sh.get("delta_phi"), int | float):
-            held = (sh.get("held_out") or {}).get("supported")
-            note = {"shared": "held-out: not contradicted", "separate": "held-out: contradicted"}.get(str(held), "")
+            held = str((sh.get("held_out") or {}).get("supported"))
+            note = {"shared": "held-out: not contradicted", "separate": "held-out: contradicted"}.get(held, "")
             t.add_row(
                 d.variant, d.reference, "shared law (no interval)", signed(sh["delta_phi"], PHI_DIGITS), "", "", note
             )

@@ -50,6 +50,11 @@ def plan(
         help=escape("CPU runs at once, as `sweep run --slots` (default: cores // run.threads, or [local] slots)."),
     ),
     flops_per_s: float | None = typer.Option(None, "--flops-per-s", help="Assume this FLOP/s per run instead."),
+    pack: str | None = typer.Option(
+        None,
+        "--pack",
+        help=escape("As `sweep run --pack`: auto (default, or [local] pack), off, or the most runs per pack."),
+    ),
     csv: Path | None = typer.Option(None, "--csv", help="Also write the plan as CSV."),
     device_memory: str | None = typer.Option(
         None,
@@ -65,8 +70,13 @@ def plan(
     from loopscale.sweep.progress import duration as _dur
 
     check_slots(slots)
+    from loopscale.sweep.packs import parse_pack
+
+    pack_mode = parse_pack(pack) if pack is not None else None
     spec = load_spec(spec_arg, set_)
     root = Path(_store_for(spec_arg, out, spec))
+    if pack_mode is None:
+        pack_mode = parse_pack((spec.executors.get("local") or {}).get("pack"), "[local] pack")
     cal = None
     if calibrate and not flops_per_s:
         cal = Calibration(root / "calibration.json")
@@ -80,10 +90,28 @@ def plan(
         log=lambda m: err_console.print(m, style="dim", highlight=False),
         device_memory=mem_bytes,
         slots=slots or (spec.executors.get("local") or {}).get("slots"),
+        pack=pack_mode,
     )
+    packed = any(len(g) > 1 for g in p.packs)
     t = Table(box=box.SIMPLE_HEAD, title=f"sweep {spec.name}: {len(p.rows)} runs", title_justify="left")
     mem_cols = ("micro", "peak") if mem_bytes else ()
-    cols = ("run", "C", "r", "d", "layout", "N_once", "N_rec", "tokens", "tok/param", "steps", *mem_cols, "est.", "")
+    pack_cols = ("pack",) if packed else ()
+    cols = (
+        "run",
+        "C",
+        "r",
+        "d",
+        "layout",
+        "N_once",
+        "N_rec",
+        "tokens",
+        "tok/param",
+        "steps",
+        *mem_cols,
+        *pack_cols,
+        "est.",
+        "",
+    )
     for col in cols:
         t.add_column(col, justify="left" if col in ("run", "layout", "") else "right")
     for row in p.rows:
@@ -102,6 +130,7 @@ def plan(
             f"{row.tokens_per_param:.3g}",
             str(row.steps),
             *mem,
+            *((f"{(row.pack or 0) + 1}/{len(p.packs[row.pack or 0])}",) if packed else ()),
             _dur(row.est_s) + ("*" if row.est_kind == "extrapolated" else ""),
             "!" if row.warnings else "",
         )
@@ -123,14 +152,25 @@ def plan(
         console.print(f"[bold]memory:[/] {escape(p.memory_note)}", markup=True, highlight=False)
     if p.total_s is None and p.calibration_note:
         console.print(f"[bold]estimated time:[/] - ({escape(p.calibration_note)})", markup=True, highlight=False)
+    if packed:
+        sizes = [len(g) for g in p.packs]
+        console.print(
+            f"[bold]packs:[/] {len(p.rows)} runs as {len(sizes)} packs of {min(sizes)}-{max(sizes)} (runs of one "
+            "shape trained as one model in one slot; column pack = pack/its size; --pack off: one run at a time)",
+            markup=True,
+            highlight=False,
+        )
     if p.total_s is not None:
         star = "; * = extrapolated" if any(r.est_kind == "extrapolated" for r in p.rows) else ""
         at_once = (
-            f"{_dur(p.wall_s)} with {p.slots} runs at a time ({_dur(p.total_s)} of run time, each timed "
+            f"{_dur(p.unpacked_wall_s)} with {p.slots} runs at a time ({_dur(p.total_s)} of run time, each timed "
             "alone at its slot's threads)"
             if p.slots > 1
             else f"{_dur(p.total_s)} one run at a time"
         )
+        if packed:
+            where = f"{p.slots} slots" if p.slots > 1 else "one slot"
+            at_once = f"{_dur(p.wall_s)} in packs on {where}; without packs {at_once}"
         console.print(
             f"[bold]estimated time:[/] {at_once} ({escape(p.calibration_note + star)})", markup=True, highlight=False
         )
@@ -188,6 +228,14 @@ def run(
             "this process)."
         ),
     ),
+    pack: str | None = typer.Option(
+        None,
+        "--pack",
+        help=escape(
+            "Runs of the same shape trained as one model in one slot: auto (default, or [local] pack), off, or "
+            "the most runs per pack (docs/sweep.md, Packs)."
+        ),
+    ),
     variant: list[str] = typer.Option([], "--variant", "-v", help="Only these variants (r = 1 runs included)."),
     seed: list[int] = typer.Option(
         [], "--seed", help="Only these seeds (repeat; one seed at a time leaves a whole grid after each)."
@@ -214,6 +262,10 @@ def run(
     from loopscale.train.batches import check_allowed
 
     check_slots(slots)
+    from loopscale.sweep.packs import parse_pack
+
+    if pack is not None:
+        parse_pack(pack)  # a bad value is one line before anything starts
     chosen = executors.get(executor)  # a typo fails before the sweep dir exists
     spec = load_spec(spec_arg, set_)
     runs = spec.runs(variant or None, seed or None)
@@ -235,6 +287,7 @@ def run(
         "gpus": gpu_ids,
         "nproc_per_run": nproc_per_run,
         "slots": slots,
+        "pack": pack,
         "cluster": cluster,
         "resubmit_queued": resubmit_queued or None,
     }  # each executor takes its own
@@ -256,19 +309,21 @@ def run(
 @sweep_app.command("run-one", hidden=True)
 def run_one(
     sweep_dir: Path = typer.Argument(...),
-    run_id: str = typer.Argument(...),
+    run_ids: list[str] = typer.Argument(..., metavar="RUN_ID..."),
     max_retries: int = typer.Option(2, "--max-retries"),
 ) -> None:
-    """Worker: train one run of a sweep dir with the sweep's bookkeeping (used by --isolate and GPU slots)."""
+    """Worker: train one run, or the runs of one pack, of a sweep dir with the sweep's bookkeeping (used by
+    --isolate and GPU slots)."""
     from loopscale.signals import worker_process
-    from loopscale.sweep.attempt import execute_run
+    from loopscale.sweep.attempt import execute_pack
     from loopscale.sweep.executor import SweepIncomplete
     from loopscale.sweep.store import open_store
 
     with worker_process():  # a repeated SIGTERM cannot kill it between its checkpoint and its lock's release
-        outcome = execute_run(open_store(sweep_dir), run_id, max_retries=max_retries, executor="local-worker")
-    if outcome in ("failed", "retry"):
-        raise SweepIncomplete(f"{run_id}: {outcome}")
+        outcomes = execute_pack(open_store(sweep_dir), run_ids, max_retries=max_retries, executor="local-worker")
+    failed = [f"{rid}: {o}" for rid, o in outcomes.items() if o in ("failed", "retry")]
+    if failed:
+        raise SweepIncomplete("; ".join(failed))
 
 
 @sweep_app.command()

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -281,7 +281,9 @@ _WORKER_BLAS: list[Any] = []
 
 
 def _worker_init() -> None:
-    """A worker limits BLAS to one thread for its whole life (2 workers on 2 cores; no per-fit cost)."""
+    """A worker limits BLAS to one thread for its whole life (2 workers on 2 cores; no per-fit cost).
+
+    ``process_pool`` has already made it ignore Ctrl-C and die with the parent (``loopscale.pool``)."""
     ctx = single_thread_blas()
     ctx.__enter__()
     _WORKER_BLAS.append(ctx)
@@ -293,8 +295,10 @@ def run_jobs(
     workers: int,
     progress: Callable[[int, int], None] | None,
 ) -> list[dict[str, Any]]:
-    """``fn`` of every job in worker processes (fork: numpy and scipy are already imported), in job order."""
-    import multiprocessing as mp
+    """``fn`` of every job in worker processes (fork: numpy and scipy are already imported), results in job order.
+
+    Ctrl-C (or a failing job) kills the workers and drops the queued jobs at once (``loopscale.pool``)."""
+    from loopscale.pool import process_pool
 
     n = len(jobs)
     workers = min(workers or (os.cpu_count() or 1), n)
@@ -306,8 +310,7 @@ def run_jobs(
                 if progress:
                     progress(i + 1, n)
         return [o for o in out if o is not None]
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init) as pool:
+    with process_pool(workers, _worker_init) as pool:
         futures = {pool.submit(fn, job): i for i, job in enumerate(jobs)}
         for done, fut in enumerate(as_completed(futures), start=1):
             out[futures[fut]] = fut.result()

@@ -165,10 +165,10 @@ def delta_phi(
     out = []
     a_fit = fitted[ref]
     for v, b_fit in fitted.items():
-        paired = (b_fit.phi_draws is not None and a_fit.phi_draws is not None) or (
+        comparable = (b_fit.phi_draws is not None and a_fit.phi_draws is not None) or (
             b_fit.state is not None and a_fit.state is not None
         )
-        if v == ref or r1_anchor(v) != r1_anchor(ref) or not paired:
+        if v == ref or r1_anchor(v) != r1_anchor(ref) or not comparable:
             continue
         a, b = a_fit.record.params.phi, b_fit.record.params.phi
         if a is None or b is None:
@@ -199,7 +199,7 @@ def delta_phi(
         if settings.shared:
             say(f"[{v}] shared-law Δφ against {ref}" + (" with held-out cells" if settings.checks else ""))
             entry.shared = shared_mod.shared_record(a_fit.frame, own, settings.law(), checks=settings.checks)
-        paired = None
+        paired: dict[str, Any] | None = None
         if V is not None and b_fit.record.inference is not None and a_fit.cells is not None:
             say(f"[{v}] paired Δφ against {ref}: {settings.lr_draws} wild-bootstrap tables")
             assert b_fit.cells is not None

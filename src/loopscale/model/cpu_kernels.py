@@ -268,24 +268,32 @@ def _ptr(t: torch.Tensor) -> int:
     return t.data_ptr()
 
 
-def rms_norm_fwd(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """y = x rstd w and rstd [..., 1] for contiguous fp32 ``x``."""
+def rms_norm_fwd(
+    x: torch.Tensor, w: torch.Tensor, eps: float, out: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """y = x rstd w and rstd [..., 1] for contiguous fp32 ``x`` (into ``out``, two contiguous tensors, if given:
+    a pack's members write into their slices of one tensor, ``model/packed.py``)."""
     n = x.size(-1)
-    y = torch.empty_like(x)
-    rstd = x.new_empty((*x.shape[:-1], 1))
+    y, rstd = out if out is not None else (torch.empty_like(x), x.new_empty((*x.shape[:-1], 1)))
     rows, w = x.numel() // n, w.contiguous()  # bound: a pointer into a temporary would dangle
     _lib().rms_norm_fwd(_ptr(x), _ptr(w), _ptr(y), _ptr(rstd), rows, n, eps, _parts(x.numel()))
     return y, rstd
 
 
 def rms_norm_bwd(
-    g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor, want_dw: bool
+    g: torch.Tensor,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    rstd: torch.Tensor,
+    want_dw: bool,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """dL/dx and (if wanted) dL/dw; ``g`` and ``x`` contiguous fp32. Each part sums its rows' dL/dw into
-    its own row of a [parts, n] buffer, summed here (the same bits for the same thread count)."""
+    """dL/dx (into ``out``, contiguous, if given) and (if wanted) dL/dw; ``g`` and ``x`` contiguous fp32. Each
+    part sums its rows' dL/dw into its own row of a [parts, n] buffer, summed here (the same bits for the same
+    thread count)."""
     n = x.size(-1)
     rows, parts = x.numel() // n, _parts(x.numel())
-    gx = torch.empty_like(x)
+    gx = torch.empty_like(x) if out is None else out
     dw_parts = x.new_zeros(parts, n) if want_dw else None
     w = w.contiguous()
     _lib().rms_norm_bwd(

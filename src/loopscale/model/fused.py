@@ -42,7 +42,7 @@ def use_fused(x: torch.Tensor) -> bool:
     )
 
 
-def _inv_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+def inv_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     """1 / sqrt(mean(x^2) + eps) over the last dimension, kept as [..., 1]: one read of x."""
     n = x.size(-1)
     return torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(n).add_(eps).rsqrt_()
@@ -58,7 +58,7 @@ class _RMSNorm(torch.autograd.Function):
             x = x.contiguous()
             y, rstd = cpu_kernels.rms_norm_fwd(x, w, eps)
         else:
-            rstd = _inv_rms(x, eps)
+            rstd = inv_rms(x, eps)
             y = torch.mul(x, rstd).mul_(w)
         ctx.save_for_backward(x, w, rstd)
         return y
@@ -131,7 +131,7 @@ class _RopeQKNorm(torch.autograd.Function):
             out = torch.empty_like(qkv, memory_format=torch.contiguous_format)
             y = out[:, :, :2]
             torch.mul(_pairs(qkv[:, :, :2]), turn[:, None, None], out=_pairs(y))  # [T,1,1,hd/2] on [B,T,2,H,hd/2]
-            rstd = _inv_rms(y, eps)
+            rstd = inv_rms(y, eps)
             y.mul_(rstd)
             out[:, :, 2].copy_(qkv[:, :, 2])
         ctx.save_for_backward(out, rstd, turn)

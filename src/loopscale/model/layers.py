@@ -110,7 +110,7 @@ class KVSlot:
         return 0 if self.k is None else self.k.size(2)
 
 
-def _qk_norm(qk: torch.Tensor, eps: float) -> torch.Tensor:
+def qk_norm(qk: torch.Tensor, eps: float) -> torch.Tensor:
     """Parameter-free RMSNorm over the head dimension, in q and k's own dtype.
 
     CUDA autocast lists ``rms_norm`` as an fp32 op: q and k would be upcast, saved and normed in fp32
@@ -155,7 +155,7 @@ class Attention(nn.Module):
             qkv = F.linear(x, w).view(B, T, 3, self.n_head, self.head_dim)
             qk = qkv[:, :, :2].permute(2, 0, 3, 1, 4)  # [2, B, H, T, hd]
             v = qkv[:, :, 2].transpose(1, 2)
-            qk = _qk_norm(self.rotary(qk, past), self.eps)
+            qk = qk_norm(self.rotary(qk, past), self.eps)
             q, k = qk[0], qk[1]
         if cache is not None:
             k, v = cache.append(k, v)
@@ -186,6 +186,11 @@ class _SquaredReLU(torch.autograd.Function):
         return fused.squared_relu_grad(grad, h)
 
 
+def squared_relu(x: torch.Tensor) -> torch.Tensor:
+    """relu(x)^2 with ``_SquaredReLU``'s one-product gradient (the plain MLP's activation; ``model/packed.py``)."""
+    return _SquaredReLU.apply(x)
+
+
 class MLP(nn.Module):
     """d -> ratio*d -> d with squared ReLU.
 
@@ -203,7 +208,7 @@ class MLP(nn.Module):
         if fused.use_fused(x):
             return fused.squared_relu_mlp(x, self.fc.weight, self.proj.weight)
         if torch.is_grad_enabled():
-            return self.proj(_SquaredReLU.apply(self.fc(x)))
+            return self.proj(squared_relu(self.fc(x)))
         h = F.relu(self.fc(x))  # no graph: the pre-activation is freed before the square exists
         return self.proj(h * h)
 

@@ -129,11 +129,13 @@ def sharded_orthogonalize(U: torch.Tensor, steps: int, dtype: torch.dtype, metho
     return out
 
 
-def _wide(x: torch.Tensor) -> torch.Tensor:
+def wide(x: torch.Tensor) -> torch.Tensor:
+    """The wide orientation of a matrix (or of the last two dims of a stack): tall ones transposed."""
     return x.mT if x.size(-2) > x.size(-1) else x
 
 
-def _ns_dtype(choice: str, device: torch.device) -> torch.dtype:
+def ns_compute_dtype(choice: str, device: torch.device) -> torch.dtype:
+    """The orthogonalisation's dtype for ``ns_dtype = choice`` on ``device`` ("auto": bf16 on CUDA, else fp32)."""
     if choice == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return {"bfloat16": torch.bfloat16, "float32": torch.float32}[choice]
@@ -221,9 +223,9 @@ class MuonH(torch.optim.Optimizer):
                 state["momentum_buffer"] = torch.zeros_like(p)
             buf = state["momentum_buffer"]
             buf.lerp_(grad, 1.0 - mu)
-            updates.append(_wide(grad.lerp(buf, mu) if group["nesterov"] else buf))
+            updates.append(wide(grad.lerp(buf, mu) if group["nesterov"] else buf))
         U = torch.stack(updates)
-        dt = _ns_dtype(group["ns_dtype"], U.device)
+        dt = ns_compute_dtype(group["ns_dtype"], U.device)
         # a param group restored from a checkpoint written before Polar Express existed has no key: NS5 ran then
         method = group.get("orthogonalizer", "ns5")
         if group.get("shard", True):
@@ -236,7 +238,7 @@ class MuonH(torch.optim.Optimizer):
             device=U.device,
         ).view(-1, 1, 1)
         O = O * (rho.to(dt) / O.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))  # ||O||_F = rho
-        W = torch.stack([_wide(p.detach()).float() for p in params])
+        W = torch.stack([wide(p.detach()).float() for p in params])
         W = W - torch.tensor(lr, dtype=torch.float32, device=U.device).to(dt) * O
         W = W * (rho / W.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-10))
         for p, w in zip(params, W.unbind(0), strict=True):

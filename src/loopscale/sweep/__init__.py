@@ -76,14 +76,17 @@ def run_sweep(
     progress: bool = True,
     console=None,
     slots: int | None = None,
+    pack: str | int | None = None,
 ):
     """Run the sweep with the local executor; returns a ``local.Summary``.
 
     ``slots``: CPU runs at once (None: as many as the cores hold at ``run.threads`` each; 1: serial, in-process).
+    ``pack``: auto, off or the most runs per pack (None: the spec's ``[local] pack``, else auto; ``sweep.packs``).
     """
     from rich.console import Console
 
     from loopscale.sweep.local import run_local
+    from loopscale.sweep.packs import parse_pack
 
     runs = spec.runs(variants)
     flops = {rs.run_id: plan_row(rs, spec).flops for rs in runs}
@@ -99,6 +102,7 @@ def run_sweep(
         nproc_per_run=nproc_per_run,
         progress=progress,
         slots=slots,
+        pack=parse_pack(pack if pack is not None else (spec.executors.get("local") or {}).get("pack")),
     )
 
 

@@ -119,7 +119,7 @@ class _Ending:
 
 
 def _begin(
-    store: SweepStore, run_id: str, max_retries: int, *, executor: str, job_id: str | None
+    store: SweepStore, run_id: str, max_retries: int, *, executor: str, job_id: str | None, pack: int = 1
 ) -> str | tuple[Lock, dict[str, Any]]:
     """Rank 0's books before training: the skip outcome, or the held lock and the counted attempt."""
     ok, why = runnable(store, run_id, max_retries)
@@ -152,6 +152,7 @@ def _begin(
             resume=(run_dir / "ckpt.pt").exists(),
             executor=executor,
             job_id=job_id,
+            **({"pack": pack} if pack > 1 else {}),
         )
     except BaseException:
         lock.release()
@@ -282,6 +283,153 @@ def record_failure(
             ).dump(),
         )
     store.event("failed", rs.run_id, error=error, failures=att["failures"], retryable=retryable)
+
+
+# -- a pack: several runs of the same shape trained as one model in this process ------------------------------------
+
+
+def execute_pack(
+    store: SweepStore,
+    run_ids: list[str],
+    *,
+    max_retries: int,
+    on_step: Callable[[str, int, int], None] | None = None,
+    executor: str = "local",
+    job_id: str | None = None,
+) -> dict[str, str]:
+    """Train runs of one pack (``sweep.packs``) as one stacked model (``train.pack``); each run's outcome.
+
+    Each member gets what ``execute_run`` gives a run: the runnable check, its lock (held by this process while
+    the pack trains), a counted attempt, its events, its failure record. A run that failed before (a retry) trains
+    alone, after the pack, and so do the runs of a technique that cannot run packed (``why_not_packable``): a
+    pack never fails a run that would train alone. RunInterrupted propagates once every member's books are kept.
+    """
+    hook = on_step
+
+    def member_hook(rid: str) -> Callable[[int, int], None] | None:
+        return None if hook is None else (lambda s, t: hook(rid, s, t))
+
+    def alone(rid: str) -> str:
+        hook_ = member_hook(rid)
+        return execute_run(store, rid, max_retries=max_retries, on_step=hook_, executor=executor, job_id=job_id)
+
+    if len(run_ids) < 2:
+        return {rid: alone(rid) for rid in run_ids}
+    retried = [rid for rid in run_ids if int(store.attempts(rid).get("failures", 0)) > 0]
+    packed = [rid for rid in run_ids if rid not in retried]
+    if len(packed) >= 2 and (why := _why_not_packable([store.load_run(rid) for rid in packed])) is not None:
+        note = f"warning: {packed[0]} and {len(packed) - 1} more train one at a time: {why}"
+        print(note, file=sys.stderr, flush=True)
+        packed = []
+    if len(packed) < 2:
+        retried, packed = list(run_ids), []
+    outcomes: dict[str, str] = {}
+    interrupt: BaseException | None = None
+    if packed:
+        outcomes, interrupt = _execute_packed(store, packed, max_retries, member_hook, executor, job_id)
+    for rid in retried:
+        if interrupt is not None:
+            break
+        try:
+            outcomes[rid] = alone(rid)
+        except BaseException as exc:
+            interrupt = exc
+    if interrupt is not None:
+        raise interrupt
+    return outcomes
+
+
+def _why_not_packable(specs: list[Any]) -> str | None:
+    from loopscale.train.pack import why_not_packable
+
+    try:
+        return why_not_packable([rs.config for rs in specs])
+    except Exception as exc:  # the technique cannot even be built: each run fails alone, with its own record
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _execute_packed(
+    store: SweepStore,
+    run_ids: list[str],
+    max_retries: int,
+    member_hook: Callable[[str], Callable[[int, int], None] | None],
+    executor: str,
+    job_id: str | None,
+) -> tuple[dict[str, str], BaseException | None]:
+    """The members that may start: locked, counted, trained together; each settled (its event, its books) and
+    let go of (its lock) as soon as it ends, while the others train on."""
+    outcomes: dict[str, str] = {}
+    begun: dict[str, tuple[Any, Lock, dict[str, Any]]] = {}
+    interrupts: list[BaseException] = []
+    try:
+        for rid in run_ids:
+            rs = store.load_run(rid)
+            b = _begin(store, rid, max_retries, executor=executor, job_id=job_id, pack=len(run_ids))
+            if isinstance(b, str):
+                outcomes[rid] = b
+            else:
+                begun[rid] = (rs, *b)
+        ids = list(begun)
+
+        def settle(i: int, ending: _Ending) -> None:
+            rid = ids[i]
+            if rid in outcomes or rid not in begun:
+                return
+            rs, lock, att = begun.pop(rid)
+            try:
+                outcomes[rid] = _settle(store, rs, att, ending, max_retries)
+            except BaseException as exc:  # an interrupt: re-raised once every member's books are kept
+                outcomes[rid] = "interrupted"
+                interrupts.append(exc)
+            finally:
+                lock.release()
+
+        hooks = [_step_hook(begun[rid][1], member_hook(rid)) for rid in ids]
+        specs, dirs = [begun[rid][0] for rid in ids], [store.run_dir(rid) for rid in ids]
+        for i, ending in enumerate(_attempt_pack(specs, dirs, hooks, settle)):
+            settle(i, ending)  # any member not settled yet (the pack's own setup failed)
+        outcomes = {rid: o for rid, o in outcomes.items() if o != "interrupted"}
+        return outcomes, (interrupts[0] if interrupts else None)
+    finally:
+        for _rs, lock, _att in begun.values():
+            lock.release()
+
+
+def _ending(e: Any) -> _Ending:
+    """A member's ``train.pack.MemberEnd`` as ``_attempt`` reports a run's end."""
+    if e.kind == "result":
+        return _Ending("result", result=e.result)
+    if e.kind == "interrupted":
+        return _Ending("interrupted", exc=e.exc)
+    return _Ending(e.kind, error=e.error, traceback=e.traceback, wall_s=e.wall_s)  # config; failed: result written
+
+
+def _attempt_pack(
+    specs: list[Any],
+    run_dirs: list[Path],
+    hooks: list[Callable[[int, int], None]],
+    on_end: Callable[[int, _Ending], None] | None = None,
+) -> list[_Ending]:
+    """``train_pack`` and how it ended for each member (``_attempt`` for a pack), each handed to ``on_end`` as it
+    happens; never raises."""
+    if not specs:
+        return []
+    from loopscale.train.compiling import use_cache_dir
+    from loopscale.train.pack import train_pack
+
+    use_cache_dir(run_dirs[0].parent.parent / "compile_cache")
+    t0 = time.time()
+    hand = None if on_end is None else (lambda i, e: on_end(i, _ending(e)))
+    try:
+        ends = train_pack([rs.config for rs in specs], run_dirs, on_step=hooks, on_end=hand)
+    except KeyboardInterrupt as exc:  # a second Ctrl-C: stopped at once, every member
+        return [_Ending("interrupted", exc=exc)] * len(specs)
+    except ConfigError as err:
+        return [_Ending("config", error=f"ConfigError: {err}", traceback=traceback.format_exc())] * len(specs)
+    except Exception as exc:  # the pack's own setup (devices): every member, as _attempt records it
+        tb, wall = traceback.format_exc(), time.time() - t0
+        return [_Ending("error", error=f"{type(exc).__name__}: {exc}", traceback=tb, wall_s=wall)] * len(specs)
+    return [_ending(e) for e in ends]
 
 
 # -- several ranks --------------------------------------------------------------------------------------------------

@@ -12,6 +12,10 @@ slot's share of the cores), alone; the plan turns the per-run times into a wall 
 is spent (the paper's grid on a laptop), the remaining shapes are extrapolated from the achieved
 FLOP/s of the measured shape nearest in FLOPs/token, and marked so. Results are cached in
 ``SWEEP_DIR/calibration.json`` under a key of the hardware, so a second plan costs nothing.
+
+Packs (``sweep.packs``): a shape that trains in packs of k is also timed as a pack of k (``measure(pack=k)``:
+``train.pack``'s stacked model and optimisers), per member; a pack with m members left in it is estimated from
+the solo and the k-member times, linear in m between them (``pack_seconds``).
 """
 
 from __future__ import annotations
@@ -84,9 +88,14 @@ def _run_micro(cfg: TrainConfig, device: str, limit: float | None) -> int:
     return memory.micro_batches(cfg, device=device, limit=limit).train or 1
 
 
-def measure(cfg: TrainConfig, rows: int, *, steps: int = 2, threads: int | None = None) -> tuple[float, float]:
+def measure(
+    cfg: TrainConfig, rows: int, *, steps: int = 2, threads: int | None = None, pack: int = 1
+) -> tuple[float, float]:
     """(seconds per row of forward+backward, seconds per optimiser step) for this model on this machine,
-    with ``run.threads`` torch threads, else ``threads``, else the machine's share (``setup_threads``)."""
+    with ``run.threads`` torch threads, else ``threads``, else the machine's share (``setup_threads``).
+    ``pack``: as a member of a pack of that many (``train.pack``), per member."""
+    if pack > 1:
+        return _measure_pack(cfg, rows, pack, steps=steps, threads=threads)
     import torch
 
     from loopscale.model import LoopedLM, cpu_kernels
@@ -143,6 +152,89 @@ def measure(cfg: TrainConfig, rows: int, *, steps: int = 2, threads: int | None 
     return t_fb / steps / rows, t_opt / steps
 
 
+def _measure_pack(cfg: TrainConfig, rows: int, k: int, *, steps: int, threads: int | None) -> tuple[float, float]:
+    """``measure`` of one member of a pack of ``k`` (the pack's times divided by ``k``)."""
+    import torch
+
+    from loopscale.model import LoopedLM, cpu_kernels
+    from loopscale.model.packed import PackedLM
+    from loopscale.optim import build_optimizers
+    from loopscale.optim.packed import PackedOptimizers
+    from loopscale.train.hardware import Dist, autocast, resolved_dtype, setup_threads, tune_cpu_malloc
+
+    device = torch.device(_device(cfg))
+    setup_threads(cfg.run.threads or threads, Dist())
+    if device.type == "cpu":
+        tune_cpu_malloc()
+        cpu_kernels.library()
+    models, opts = [], []
+    for seed in range(k):
+        torch.manual_seed(seed)
+        model = LoopedLM(cfg.model).to(device)
+        model.fused_loss = cfg.run.fused_loss
+        models.append(model)
+        opts.append(
+            build_optimizers(
+                model.param_groups(),
+                cfg.optim,
+                d_model=cfg.model.width,
+                tokens_per_step=cfg.tokens_per_step,
+                total_tokens=1e9,
+                r=cfg.model.r,
+            )
+        )
+    pack = PackedLM(models)
+    popt = PackedOptimizers(pack.stacked(), opts, [{id(p): n for n, p in m.named_parameters()} for m in models])
+    dtype = resolved_dtype(device, cfg.run.dtype)
+    T, V = cfg.model.seq_len, min(cfg.model.vocab_size, 256)
+    x = torch.randint(0, V, (k, rows, T), device=device)
+    y = torch.randint(0, V, (k, rows, T), device=device)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def fwd_bwd() -> None:
+        with autocast(device, dtype):
+            loss = pack(x, y)
+        loss.sum().backward()
+
+    fwd_bwd()
+    popt.step()
+    popt.zero_grad()
+    t_fb = t_opt = 0.0
+    for _ in range(steps):
+        sync()
+        t0 = time.perf_counter()
+        fwd_bwd()
+        sync()
+        t1 = time.perf_counter()
+        popt.step()
+        popt.zero_grad()
+        sync()
+        t_fb += t1 - t0
+        t_opt += time.perf_counter() - t1
+    return t_fb / steps / rows / k, t_opt / steps / k
+
+
+def pack_seconds(members: list[tuple[TrainConfig, int]], solo: Timing, packed: Timing | None, k: int) -> float:
+    """A pack's wall time: its members (config, steps; one shape) step together until each has its steps, a
+    step of m members costing m member-steps, a member-step linear in m between the solo time (m = 1) and the
+    measured pack of ``k`` (``packed``; None: the solo time, no gain); then each member's validation and fixed
+    overhead (``Timing.run_seconds`` without its steps)."""
+    B = members[0][0].run.batch_size
+    s1 = B * solo.s_per_row + solo.s_opt
+    sk = s1 if packed is None or k <= 1 else B * packed.s_per_row + packed.s_opt
+    total, done = 0.0, 0
+    for j, steps in enumerate(sorted(n for _, n in members)):
+        left = len(members) - j  # members still stepping
+        if steps > done:
+            frac = min(1.0, (left - 1) / (k - 1)) if k > 1 else 0.0
+            total += (steps - done) * left * (s1 + (sk - s1) * frac)
+            done = steps
+    return total + sum(solo.run_seconds(cfg, 0) for cfg, _ in members)
+
+
 class Calibration:
     """Cached timings per model shape for this hardware; ``timing(cfg)`` after ``ensure(configs)``.
 
@@ -165,13 +257,20 @@ class Calibration:
             self._all = {}
 
     def ensure(
-        self, configs: list[TrainConfig], *, budget_s: float = 60.0, rows: int = 8, log: Any = None
+        self,
+        configs: list[TrainConfig],
+        *,
+        budget_s: float = 60.0,
+        rows: int = 8,
+        log: Any = None,
+        packs: dict[str, int] | None = None,
     ) -> tuple[int, int]:
         """Measure shapes not in the cache, cheapest first, within ``budget_s``. Returns (measured, total).
 
         Rows per measurement shrink (to 1) so that a warm-up and two timed steps fit in what is left of the
         budget, judged by the FLOP/s measured so far (at first: a rough guess for the device); shapes that
-        do not fit even with one row are extrapolated.
+        do not fit even with one row are extrapolated. ``packs``: ``shape_key`` -> the size of the packs that
+        shape trains in; each is also timed as such a pack (after every solo shape), within the same budget.
         """
         self.note = ""
         if not configs:
@@ -214,6 +313,29 @@ class Calibration:
                 "d_model": cfg.model.width,
                 "rows": n_rows,
             }
+        for key, cfg in todo:  # then the packs, the same shapes, cheapest first
+            k = (packs or {}).get(key, 1)
+            pkey = f"{key}|pack{k}"
+            if k <= 1 or pkey in self.entries or key not in self.entries:
+                continue
+            left = budget_s - (time.time() - t_start)
+            n_rows = min(int(self.entries[key]["rows"]), int(left / (3 * k * self.entries[key]["s_per_row"])))
+            if n_rows < 1:
+                continue
+            if log is not None:
+                log(f"calibrating {cfg.model.layout} d={cfg.model.width} as a pack of {k} ({n_rows} rows each)")
+            s_row, s_opt = measure(cfg, n_rows, threads=self.cores, pack=k)
+            f = accounting.train_flops_per_token(cfg.model)
+            self.entries[pkey] = {
+                "s_per_row": s_row,
+                "s_opt": s_opt,
+                "flops_per_s": f * cfg.model.seq_len / s_row,
+                "flops_per_token": f,
+                "layout": cfg.model.layout,
+                "d_model": cfg.model.width,
+                "rows": n_rows,
+                "pack": k,
+            }
         self._save()
         measured = sum(k in self.entries for k in shapes)
         if not measured:
@@ -223,10 +345,24 @@ class Calibration:
             )
         return measured, len(shapes)
 
-    def _nearest_fps(self, f: float) -> float | None:
-        if not self.entries:
+    def key(self, cfg: TrainConfig) -> str:
+        """``cfg``'s shape key here (the key of ``ensure(packs=...)``)."""
+        return shape_key(cfg, _device(cfg), self.cores)
+
+    def pack_timing(self, cfg: TrainConfig) -> tuple[int, Timing] | None:
+        """(k, a member's timing in a pack of k) as ``ensure(packs=...)`` measured it for ``cfg``'s shape, or None."""
+        prefix = f"{self.key(cfg)}|pack"
+        found = [(int(e["pack"]), e) for key, e in self.entries.items() if key.startswith(prefix)]
+        if not found:
             return None
-        e = min(self.entries.values(), key=lambda e: abs(math.log(e["flops_per_token"] / f)))
+        k, e = max(found, key=lambda ke: ke[0])
+        return k, Timing(e["s_per_row"], e["s_opt"], e["flops_per_s"], True)
+
+    def _nearest_fps(self, f: float) -> float | None:
+        solo = [e for e in self.entries.values() if "pack" not in e]
+        if not solo:
+            return None
+        e = min(solo, key=lambda e: abs(math.log(e["flops_per_token"] / f)))
         return float(e["flops_per_s"])
 
     def timing(self, cfg: TrainConfig) -> Timing | None:

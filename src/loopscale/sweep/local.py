@@ -35,8 +35,9 @@ from rich.console import Console
 
 from loopscale.config import StrictModel
 from loopscale.signals import STOP, StopSignals
-from loopscale.sweep.attempt import execute_run, runnable, tidy_finished_run
+from loopscale.sweep.attempt import execute_pack, runnable, tidy_finished_run
 from loopscale.sweep.executor import Executor, SweepBusy, SweepIncomplete, SweepJob
+from loopscale.sweep.packs import PackMode, make_packs, parse_pack
 from loopscale.sweep.progress import SweepProgress, duration
 from loopscale.sweep.store import SweepStore, last_step
 
@@ -58,6 +59,11 @@ class LocalSettings(StrictModel):
         None,
         gt=0,
         description="CPU runs trained at once (default: cores // run.threads; 1 when the runs do not set run.threads)",
+    )
+    pack: int | str = Field(
+        "auto",
+        description="runs of the same shape trained as one pack in one slot: auto, off or the most per pack "
+        "(docs/sweep.md, Packs)",
     )
 
 
@@ -228,6 +234,7 @@ class LocalExecutor(Executor):
             nproc_per_run=job.option("nproc_per_run") or local.nproc_per_run,
             progress=job.progress,
             slots=job.option("slots") or local.slots,
+            pack=parse_pack(job.option("pack") or local.pack, "--pack" if job.option("pack") else "[local] pack"),
         )
         counts = ", ".join(f"{len(v)} {k}" for k, v in summary.outcomes.items())
         job.console.print(
@@ -262,10 +269,13 @@ def run_local(
     nproc_per_run: int = 1,
     progress: bool = True,
     slots: int | None = None,
+    pack: PackMode = "auto",
 ) -> Summary:
     """Run every runnable run of ``runs``; returns what happened to each.
 
-    ``slots``: CPU runs trained at once (None: ``cpu_slots``' default, as many as the cores hold).
+    ``slots``: CPU runs trained at once (None: ``cpu_slots``' default, as many as the cores hold); each slot
+    trains one pack at a time (``sweep.packs.make_packs``: runs of the same shape as one model, ``pack``:
+    auto, off or the most per pack; never with several processes per run). A pack holds its slot's threads.
     """
     envs, cpu = slot_envs(runs, isolate=isolate, gpus=gpus, nproc_per_run=nproc_per_run, slots=slots)
     note = _slots_note(runs, envs)
@@ -284,7 +294,17 @@ def run_local(
         summary.add("skipped", rid)
         if states[rid].status in ("done", "diverged"):
             tidy_finished_run(store, rid, states[rid])
-    queue = collections.deque(rs.run_id for rs in runs if rs.run_id not in finished)
+    todo = [rs for rs in runs if rs.run_id not in finished]
+    packs = make_packs(todo, "off" if nproc_per_run > 1 else pack)
+    queue: collections.deque[list[str]] = collections.deque([rs.run_id for rs in p] for p in packs)
+    if any(len(p) > 1 for p in packs):
+        big = max(len(p) for p in packs)
+        console.print(
+            f"{len(todo)} runs as {len(packs)} packs (up to {big} runs of one shape trained as one model; --pack off: "
+            "one at a time)",
+            highlight=False,
+            markup=False,
+        )
     steps = {rs.run_id: rs.config.total_steps() for rs in runs}
     prog = SweepProgress(
         console,
@@ -316,29 +336,28 @@ def _run_in_process(
 ) -> None:
     with StopSignals(STOP, _stop_between_runs):
         while queue:
-            rid = queue.popleft()
-            ok, why = runnable(store, rid, max_retries)
-            if not ok:
-                summary.add("busy" if why == "running elsewhere" else "skipped", rid)
+            ids = _next_runnable(store, queue, max_retries, summary)
+            if not ids:
                 continue
-            prog.start_run(rid, flops[rid], steps[rid], store.state(rid).step or 0)
-            outcome = "interrupted"
-
-            def on_step(s: int, t: int, rid: str = rid) -> None:
-                prog.step(rid, s, t)
-
+            for rid in ids:
+                prog.start_run(rid, flops[rid], steps[rid], store.state(rid).step or 0)
+            outcomes: dict[str, str] = {}
             try:
-                outcome = execute_run(store, rid, max_retries=max_retries, on_step=on_step)
+                outcomes = execute_pack(store, ids, max_retries=max_retries, on_step=prog.step)
             finally:
-                prog.end_run(rid, outcome, _message(store, rid, outcome))
-            if outcome == "retry":
-                queue.append(rid)
-            else:
-                summary.add(outcome, rid)
+                for rid in ids:
+                    outcome = outcomes.get(rid, "interrupted")
+                    prog.end_run(rid, outcome, _message(store, rid, outcome))
+            for rid, outcome in outcomes.items():
+                if outcome == "retry":
+                    queue.append([rid])
+                else:
+                    summary.add(outcome, rid)
 
 
-def _worker_cmd(store: SweepStore, run_id: str, max_retries: int, nproc: int) -> list[str]:
-    tail = ["-m", "loopscale", "sweep", "run-one", str(store.root), run_id, "--max-retries", str(max_retries)]
+def _worker_cmd(store: SweepStore, run_ids: list[str], max_retries: int, nproc: int) -> list[str]:
+    """``sweep run-one DIR ID [ID ...]``: one run, or the runs of one pack."""
+    tail = ["-m", "loopscale", "sweep", "run-one", str(store.root), *run_ids, "--max-retries", str(max_retries)]
     if nproc > 1:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *tail]
     return [sys.executable, *tail]
@@ -393,10 +412,10 @@ def _run_subprocesses(
     max_retries: int,
     nproc: int,
 ) -> None:
-    active: dict[int, tuple[subprocess.Popen, str, Any]] = {}
+    active: dict[int, tuple[subprocess.Popen, list[str], Any]] = {}
 
     def forward(signum: int, first: bool) -> None:
-        for proc, _rid, _log in active.values():
+        for proc, _ids, _log in active.values():
             with contextlib.suppress(OSError):
                 proc.send_signal(signal.SIGTERM if first else signal.SIGKILL)
 
@@ -405,27 +424,29 @@ def _run_subprocesses(
             for i, env in enumerate(slots):
                 if i in active or not queue or stop.caught is not None:
                     continue
-                rid = _next_runnable(store, queue, max_retries, summary)
-                if rid is None:
+                ids = _next_runnable(store, queue, max_retries, summary)
+                if not ids:
                     continue
-                store.run_dir(rid).mkdir(parents=True, exist_ok=True)
-                log = open(store.run_dir(rid) / "worker.log", "ab")  # noqa: SIM115  (closed when the worker ends)
-                cmd = tethered(_worker_cmd(store, rid, max_retries, nproc))
+                log = _pack_log(store, ids)
+                cmd = tethered(_worker_cmd(store, ids, max_retries, nproc))
                 proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
-                active[i] = (proc, rid, log)
-                prog.start_run(
-                    rid, flops[rid], steps[rid], store.state(rid).step or 0, slot=i if len(slots) > 1 else None
-                )
-            for i, (proc, rid, log) in list(active.items()):
-                step = last_step(store.run_dir(rid))
-                if step is not None:
-                    prog.step(rid, step, steps[rid])
+                active[i] = (proc, ids, log)
+                for rid in ids:
+                    prog.start_run(
+                        rid, flops[rid], steps[rid], store.state(rid).step or 0, slot=i if len(slots) > 1 else None
+                    )
+            for i, (proc, ids, log) in list(active.items()):
+                for rid in ids:
+                    step = last_step(store.run_dir(rid))
+                    if step is not None:
+                        prog.step(rid, step, steps[rid])
                 code = proc.poll()
                 if code is None:
                     continue
                 log.close()
                 del active[i]
-                _settle(store, rid, code, max_retries, stop.caught is not None, prog, queue, summary)
+                for rid in ids:
+                    _settle(store, rid, code, max_retries, stop.caught is not None, prog, queue, summary)
             time.sleep(0.2)
     if stop.caught is not None:
         from loopscale.train import RunInterrupted
@@ -437,19 +458,19 @@ def _run_subprocesses(
 
 @dataclass
 class _Slot:
-    """A CPU slot's long-lived worker and the run it trains (None: idle)."""
+    """A CPU slot's long-lived worker and the runs it trains, one run or one pack (empty: idle)."""
 
     proc: subprocess.Popen
-    run_id: str | None = None
+    run_ids: list[str] = field(default_factory=list)
     buf: bytes = b""
-    log_start: int = 0  # the size of the run's worker.log when it was handed out
+    log_start: int = 0  # the size of the worker.log (the pack's first run's) when the runs were handed out
 
-    def send(self, run_id: str, log: Path) -> None:
+    def send(self, run_ids: list[str], log: Path) -> None:
         assert self.proc.stdin is not None
         self.log_start = log.stat().st_size if log.exists() else 0
-        self.proc.stdin.write(f"{run_id}\n".encode())
+        self.proc.stdin.write(("\t".join(run_ids) + "\n").encode())
         self.proc.stdin.flush()
-        self.run_id = run_id
+        self.run_ids = list(run_ids)
 
     def warnings(self, log: Path) -> list[str]:
         """The ``warning:`` lines the run wrote to its worker.log (shown as the in-process sweep shows them)."""
@@ -509,32 +530,35 @@ def _run_slot_workers(
                 slot.proc.send_signal(signal.SIGTERM if first else signal.SIGKILL)
 
     def settle(i: int, slot: _Slot, code: int) -> None:
-        rid, slot.run_id = slot.run_id, None
-        assert rid is not None
-        for line in slot.warnings(store.run_dir(rid) / "worker.log"):
-            prog.console.print(f"{rid}: {line}", highlight=False, markup=False)
-        _settle(store, rid, code, max_retries, stop.caught is not None, prog, queue, summary)
+        ids, slot.run_ids = slot.run_ids, []
+        for line in slot.warnings(store.run_dir(ids[0]) / "worker.log"):
+            prog.console.print(f"{ids[0]}: {line}", highlight=False, markup=False)
+        for rid in ids:
+            _settle(store, rid, code, max_retries, stop.caught is not None, prog, queue, summary)
 
     try:
         with StopSignals(STOP, forward) as stop:
-            while (queue and stop.caught is None) or any(s.run_id for s in slots.values()):
+            while (queue and stop.caught is None) or any(s.run_ids for s in slots.values()):
                 for i, env in enumerate(envs):
                     slot = slots.get(i)
-                    if (slot is not None and slot.run_id) or not queue or stop.caught is not None:
+                    if (slot is not None and slot.run_ids) or not queue or stop.caught is not None:
                         continue
-                    rid = _next_runnable(store, queue, max_retries, summary)
-                    if rid is None:
+                    ids = _next_runnable(store, queue, max_retries, summary)
+                    if not ids:
                         continue
                     if slot is None or slot.proc.poll() is not None:
                         slot = slots[i] = _spawn_slot(store, env, max_retries, log)
-                    slot.send(rid, store.run_dir(rid) / "worker.log")
-                    prog.start_run(rid, flops[rid], steps[rid], store.state(rid).step or 0, slot=i)
+                    _pack_log(store, ids).close()
+                    slot.send(ids, store.run_dir(ids[0]) / "worker.log")
+                    for rid in ids:
+                        prog.start_run(rid, flops[rid], steps[rid], store.state(rid).step or 0, slot=i)
                 for i, slot in list(slots.items()):
-                    if slot.run_id is None:
+                    if not slot.run_ids:
                         continue
-                    step = last_step(store.run_dir(slot.run_id))
-                    if step is not None:
-                        prog.step(slot.run_id, step, steps[slot.run_id])
+                    for rid in slot.run_ids:
+                        step = last_step(store.run_dir(rid))
+                        if step is not None:
+                            prog.step(rid, step, steps[rid])
                     if slot.finished():
                         settle(i, slot, 0)
                     elif (code := slot.proc.poll()) is not None:
@@ -567,15 +591,33 @@ def _close_slots(slots: dict[int, _Slot]) -> None:
             slot.proc.stdout.close()
 
 
-def _next_runnable(store: SweepStore, queue: collections.deque, max_retries: int, summary: Summary) -> str | None:
-    """The next queued run that may start here; the ones that may not are counted (busy or skipped)."""
+def _next_runnable(
+    store: SweepStore, queue: collections.deque[list[str]], max_retries: int, summary: Summary
+) -> list[str] | None:
+    """The runs of the next queued pack (or single run) that may start here; the ones that may not are counted
+    (busy or skipped)."""
     while queue:
-        rid = queue.popleft()
-        ok, why = runnable(store, rid, max_retries)
-        if ok:
-            return rid
-        summary.add("busy" if why == "running elsewhere" else "skipped", rid)
+        ids = []
+        for rid in queue.popleft():
+            ok, why = runnable(store, rid, max_retries)
+            if ok:
+                ids.append(rid)
+            else:
+                summary.add("busy" if why == "running elsewhere" else "skipped", rid)
+        if ids:
+            return ids
     return None
+
+
+def _pack_log(store: SweepStore, run_ids: list[str]) -> Any:
+    """The worker.log of a pack's first run, opened for appending (a worker's output goes there); the other
+    runs' logs say where it is."""
+    for rid in run_ids:
+        store.run_dir(rid).mkdir(parents=True, exist_ok=True)
+    for rid in run_ids[1:]:
+        with open(store.run_dir(rid) / "worker.log", "a", encoding="utf-8") as fh:
+            fh.write(f"trained in a pack of {len(run_ids)} runs; its output is in runs/{run_ids[0]}/worker.log\n")
+    return open(store.run_dir(run_ids[0]) / "worker.log", "ab")
 
 
 def _settle(
@@ -585,14 +627,14 @@ def _settle(
     max_retries: int,
     interrupted: bool,
     prog: SweepProgress,
-    queue: collections.deque,
+    queue: collections.deque[list[str]],
     summary: Summary,
 ) -> None:
-    """A worker's run ended with ``code``: record its outcome, and queue it again when it is to be retried."""
+    """A worker's run ended with ``code``: record its outcome, and queue it again (alone) when it is to be retried."""
     outcome = _outcome_after_worker(store, rid, code, max_retries, interrupted=interrupted)
     prog.end_run(rid, outcome, _message(store, rid, outcome))
     if outcome == "retry":
-        queue.append(rid)
+        queue.append([rid])
     else:
         summary.add(outcome, rid)
 

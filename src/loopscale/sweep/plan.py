@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loopscale import accounting, memory
-from loopscale.sweep.calibrate import SLOT_START_S, Calibration, Timing, assumed_timing
+from loopscale.sweep.calibrate import SLOT_START_S, Calibration, Timing, assumed_timing, pack_seconds
+from loopscale.sweep.packs import PackMode, make_packs
 from loopscale.sweep.spec import RunSpec, SweepSpec
 
 
@@ -37,6 +38,7 @@ class PlanRow:
     micro_batch: int | None = None  # rows per forward on the planned device (with a device memory)
     val_micro_batch: int | None = None
     peak_bytes: float | None = None  # predicted peak of one process at ``micro_batch`` rows
+    pack: int | None = None  # the pack (index into ``Plan.packs``) the run trains in
 
     @property
     def refused(self) -> bool:
@@ -64,6 +66,7 @@ class PlanRow:
             "micro_batch": self.micro_batch,
             "val_micro_batch": self.val_micro_batch,
             "peak_bytes": self.peak_bytes,
+            "pack": self.pack,
             "warnings": "; ".join(self.warnings),
         }
 
@@ -75,6 +78,8 @@ class Plan:
     calibration_note: str = ""
     memory_note: str = ""
     slots: int = 1  # CPU runs trained at once (local.cpu_slots)
+    packs: list[list[int]] = field(default_factory=list)  # row indices of each pack (``sweep.packs``)
+    pack_s: list[float | None] = field(default_factory=list)  # each pack's estimated wall time
 
     @property
     def total_flops(self) -> float:
@@ -88,13 +93,24 @@ class Plan:
         return sum(r.est_s or 0.0 for r in self.rows)
 
     @property
-    def wall_s(self) -> float | None:
-        """The sweep's wall time over its slots: ``makespan`` of the estimates, plus each worker's start."""
+    def unpacked_wall_s(self) -> float | None:
+        """The sweep's wall time over its slots one run at a time per slot (``--pack off``): ``makespan`` of the
+        estimates, plus each worker's start."""
         if self.total_s is None:
             return None
         if self.slots <= 1:
             return self.total_s
         return makespan([r.est_s or 0.0 for r in self.rows], self.slots) + SLOT_START_S
+
+    @property
+    def wall_s(self) -> float | None:
+        """The sweep's wall time over its slots with its packs (each slot trains one pack at a time)."""
+        if not self.packs or len(self.packs) == len(self.rows):
+            return self.unpacked_wall_s
+        if any(t is None for t in self.pack_s):
+            return None
+        times = [t or 0.0 for t in self.pack_s]
+        return makespan(times, self.slots) + (SLOT_START_S if self.slots > 1 else 0.0)
 
     def by_variant(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -182,12 +198,14 @@ def make_plan(
     log: Any = None,
     device_memory: float | None = None,
     slots: int | None = None,
+    pack: PackMode = "auto",
 ) -> Plan:
     """Plan every run; estimate times from ``flops_per_s`` if given, else from a (cached) calibration.
 
     ``device_memory`` (bytes of each run's GPU): also each run's micro-batch and predicted peak memory.
     ``slots``: CPU runs at once, as ``sweep run --slots`` (None: the executor's default, ``cpu_slots``);
     the calibration then times each shape at a slot's threads and the wall time spreads over the slots.
+    ``pack``: as ``sweep run --pack``: the runs' packs (``Plan.packs``), each also timed as a pack.
     """
     from loopscale.cores import available_cores
     from loopscale.sweep.local import cpu_slots
@@ -206,14 +224,25 @@ def make_plan(
             f"{memory.fmt_bytes(memory.usable_memory(device_memory))} usable (less 10 % and 1 GiB); "
             "peak and micro-batch of one process per run, predicted by loopscale.memory"
         )
+    index = {r.run.run_id: i for i, r in enumerate(rows)}
+    packable = [r.run for r in rows if not r.refused]
+    groups = [[index[rs.run_id] for rs in p] for p in make_packs(packable, pack)]
+    groups += [[i] for i, r in enumerate(rows) if r.refused]
+    for g_i, members in enumerate(groups):
+        for i in members:
+            rows[i].pack = g_i
     note = ""
     timings: list[Timing | None] = [None] * len(rows)
     if flops_per_s:
         timings = [assumed_timing(r.run.config, flops_per_s) for r in rows]
         note = f"estimates assume {flops_per_s:.3g} FLOP/s per run"
     elif calibration is not None:
+        sizes: dict[str, int] = {}
+        for members in groups:
+            key = calibration.key(rows[members[0]].run.config)
+            sizes[key] = max(sizes.get(key, 1), len(members))
         measured, total = calibration.ensure(
-            [r.run.config for r in rows if not r.refused], budget_s=calibrate_s, log=log
+            [r.run.config for r in rows if not r.refused], budget_s=calibrate_s, log=log, packs=sizes
         )
         timings = [calibration.timing(r.run.config) if measured else None for r in rows]
         note = calibration.note or (
@@ -229,4 +258,15 @@ def make_plan(
         row.est_kind = "assumed" if flops_per_s else ("measured" if t.measured else "extrapolated")
         if spec.checks.max_run_hours and row.est_s > 3600 * spec.checks.max_run_hours:
             row.warnings.append(f"long: ~{row.est_s / 3600:.1f} h > checks.max_run_hours={spec.checks.max_run_hours:g}")
-    return Plan(spec, rows, note, mem_note, n_slots)
+    pack_s: list[float | None] = []
+    for members in groups:
+        solo = timings[members[0]]
+        if len(members) == 1 or solo is None:
+            pack_s.append(rows[members[0]].est_s if len(members) == 1 else None)
+            continue
+        cfg0 = rows[members[0]].run.config
+        found = calibration.pack_timing(cfg0) if calibration is not None and not flops_per_s else None
+        runs_steps = [(rows[i].run.config, rows[i].steps) for i in members]
+        k, packed = found if found is not None else (1, None)
+        pack_s.append(pack_seconds(runs_steps, solo, packed, k))
+    return Plan(spec, rows, note, mem_note, n_slots, groups, pack_s)

@@ -1,8 +1,9 @@
 """A CPU slot's worker: one long-lived process that trains the runs its sweep hands it, one at a time.
 
-``python -m loopscale.sweep.slot_worker SWEEP_DIR MAX_RETRIES`` reads run ids from stdin (one a line),
-trains each through ``execute_run`` (the same lock, attempts and failure records as every executor)
-with its output in ``runs/<id>/worker.log``, and answers ``<id>\\t<outcome>`` on stdout. It starts
+``python -m loopscale.sweep.slot_worker SWEEP_DIR MAX_RETRIES`` reads run ids from stdin (one run, or the
+tab-separated runs of one pack, a line), trains them through ``execute_pack`` (``execute_run``'s lock, attempts
+and failure records for each run) with its output in ``runs/<first id>/worker.log``, and answers one line of
+``<id>=<outcome>`` per line on stdout. It starts
 torch once for all its runs: a fresh process per run would pay the import of torch (and of
 torch._dynamo, which the optimisers load) again each time, seconds per run on a small CPU.
 End of stdin ends it; SIGTERM inside a run checkpoints first (the trainer's signal path), then it exits.
@@ -42,22 +43,22 @@ def serve(sweep_dir: str, max_retries: int) -> None:
     control = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # stray prints between runs must not reach the control channel
     from loopscale.signals import worker_process
-    from loopscale.sweep.attempt import execute_run
+    from loopscale.sweep.attempt import execute_pack
     from loopscale.sweep.store import open_store
     from loopscale.train import RunInterrupted
 
     store = open_store(sweep_dir)
     for line in sys.stdin:
-        run_id = line.strip()
-        if not run_id:
+        run_ids = [r for r in line.strip().split("\t") if r]
+        if not run_ids:
             continue
-        store.run_dir(run_id).mkdir(parents=True, exist_ok=True)
+        store.run_dir(run_ids[0]).mkdir(parents=True, exist_ok=True)
         try:
-            with output_to(store.run_dir(run_id) / "worker.log"), worker_process():
-                outcome = execute_run(store, run_id, max_retries=max_retries, executor="local-worker")
-        except RunInterrupted as e:  # checkpointed; the sweep reads the run's state
+            with output_to(store.run_dir(run_ids[0]) / "worker.log"), worker_process():
+                outcomes = execute_pack(store, run_ids, max_retries=max_retries, executor="local-worker")
+        except RunInterrupted as e:  # checkpointed; the sweep reads the runs' states
             sys.exit(e.exit_code)
-        control.write(f"{run_id}\t{outcome}\n")
+        control.write("\t".join(f"{rid}={outcomes.get(rid, '?')}" for rid in run_ids) + "\n")
 
 
 if __name__ == "__main__":

@@ -34,13 +34,21 @@ class _Unreadable(Exception):
 
 
 def save_checkpoint(
-    run_dir: Path, *, model: torch.nn.Module, optimizers: Any, step: int, extra: dict[str, Any]
+    run_dir: Path,
+    *,
+    model: Any,
+    optimizers: Any,
+    step: int,
+    extra: dict[str, Any],
+    torch_rng: torch.Tensor | None = None,
 ) -> None:
+    """``ckpt.pt``: the state dicts of ``model`` and ``optimizers`` (anything with ``state_dict()``), the step,
+    the RNG state (``torch_rng``, default this process's: a pack's member passes its own) and ``extra``."""
     state = {
         "step": step,
         "model": model.state_dict(),
         "optim": optimizers.state_dict(),
-        "torch_rng": torch.get_rng_state(),
+        "torch_rng": torch.get_rng_state() if torch_rng is None else torch_rng,
         "extra": extra,
     }
     atomic_save_torch(run_dir / CKPT, state)

@@ -84,7 +84,7 @@ def _config_text(cfg: TrainConfig) -> str:
     return rundir.config_text(cfg)
 
 
-def _prepare_dir(run_dir: Path, cfg: TrainConfig, is_main: bool) -> None:
+def prepare_dir(run_dir: Path, cfg: TrainConfig, is_main: bool) -> None:
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         rundir.check_run_dir(run_dir, cfg)  # again: another process may have written it meanwhile
@@ -122,7 +122,7 @@ class ValStats(NamedTuple):
     bpb: float | None = None
 
 
-class _EvalStopped(Exception):
+class EvalStopped(Exception):
     """``stop()`` said yes between validation batches (on any rank)."""
 
 
@@ -143,7 +143,7 @@ def val_loss_stats(
 
     Every run of a sweep is scored on the same rows, so this noise is shared by all runs (it shifts
     them together); it bounds how finely one run's loss is known, not the difference between runs.
-    ``stop`` is asked before every batch (the ranks agree); a yes raises ``_EvalStopped``. ``token_bytes``
+    ``stop`` is asked before every batch (the ranks agree); a yes raises ``EvalStopped``. ``token_bytes``
     (UTF-8 bytes per id, ``loopscale.data.token_bytes``) adds bits per byte: the nats of targets with bytes over
     ln 2 x their bytes (nanochat's convention); without it ``bpb`` is None.
     """
@@ -157,7 +157,7 @@ def val_loss_stats(
     for i in range(0, shard if stop is not None else mine.size(0), micro_batch):
         if stop is not None and _any_rank(stop(), device, dist_world):
             model.train(was_training)
-            raise _EvalStopped
+            raise EvalStopped
         chunk = mine[i : i + micro_batch].to(device)
         if chunk.size(0) == 0:
             continue
@@ -265,7 +265,7 @@ def train(
     raised (after recording it). ``on_step(step, total)`` is called after every step (sweep progress).
     """
     run_dir = Path(run_dir)
-    with _named(source):
+    with named_source(source):
         if overwrite:
             rundir.check_out_path(run_dir)
         else:
@@ -285,10 +285,10 @@ def train(
             tune_cpu_malloc()
             # built here, before the run dir exists (a bad LOOPSCALE_CPU_KERNELS is refused); a missing compiler is said
             if cpu_kernels.library() is None and dist.is_main and cpu_kernels.status().startswith("unavailable"):
-                _warn(f"compiled CPU kernels {cpu_kernels.status()} (slower; docs/model.md)")
+                warn(f"compiled CPU kernels {cpu_kernels.status()} (slower; docs/model.md)")
         t_start = time.time()
         try:
-            data = _load_data(cfg)
+            data = load_data(cfg)
         except LoopscaleError:
             raise  # nothing written: the run dir is made only for data that loads
         except Exception as exc:
@@ -297,9 +297,9 @@ def train(
             rundir.clear_run_dir(run_dir)
         if overwrite and dist.world > 1:
             torch.distributed.barrier()
-        _prepare_dir(run_dir, cfg, dist.is_main)
+        prepare_dir(run_dir, cfg, dist.is_main)
     try:
-        with _named(source):
+        with named_source(source):
             ctx = RunContext(
                 cfg,
                 run_dir,
@@ -323,7 +323,7 @@ def train(
 
 
 @contextmanager
-def _named(source: str | None) -> Iterator[None]:
+def named_source(source: str | None) -> Iterator[None]:
     """Config errors raised without a file (data, length, memory) name the config they came from."""
     try:
         yield
@@ -338,21 +338,28 @@ def _record_failure(
 ) -> NoReturn:
     """Write result.json status 'failed' (error and traceback) and raise TrainingFailed."""
     if is_main:
-        if prepare:
-            _prepare_dir(run_dir, cfg, is_main)
-        record = RunRecord(
-            status="failed",
-            error=f"{type(exc).__name__}: {exc}",
-            traceback=traceback.format_exc(),
-            **result_fields(cfg),
-            wall_s=time.time() - t_start,
-            versions=versions(),
-        )
-        atomic_write_json(run_dir / RESULT, record.dump())
+        write_failure(run_dir, cfg, exc, t_start, prepare=prepare)
     raise TrainingFailed(f"{run_dir}: run failed: {type(exc).__name__}: {exc}") from exc
 
 
-def _load_data(cfg: TrainConfig) -> TokenData:
+def write_failure(
+    run_dir: Path, cfg: TrainConfig, exc: BaseException, t_start: float, *, prepare: bool = False
+) -> None:
+    """result.json status 'failed' with the error and the traceback being handled (a pack's member uses it too)."""
+    if prepare:
+        prepare_dir(run_dir, cfg, True)
+    record = RunRecord(
+        status="failed",
+        error=f"{type(exc).__name__}: {exc}",
+        traceback=traceback.format_exc(),
+        **result_fields(cfg),
+        wall_s=time.time() - t_start,
+        versions=versions(),
+    )
+    atomic_write_json(run_dir / RESULT, record.dump())
+
+
+def load_data(cfg: TrainConfig) -> TokenData:
     """The run's token data, checked against the model's vocabulary."""
     data: TokenData = load_token_data(cfg.data, cfg.model.seq_len)
     if cfg.model.vocab_size < data.tokenizer.vocab_size:
@@ -415,12 +422,13 @@ class Batching(NamedTuple):
     plan: memory.MicroBatches
 
     @classmethod
-    def for_run(cls, cfg: TrainConfig, device: torch.device, world: int) -> Batching:
+    def for_run(cls, cfg: TrainConfig, device: torch.device, world: int, pack: int = 1) -> Batching:
+        """``pack``: the run trains as one of that many members of a pack (``train.pack``; the memory is theirs)."""
         B = cfg.run.batch_size
         if B % world:
             raise ConfigError("run.batch_size", f"must be divisible by the {world} processes", value=B)
         per_rank = B // world
-        mb = micro_batches(cfg, device, world)
+        mb = micro_batches(cfg, device, world, pack)
         micro, val_micro = mb.train or 1, mb.val or 1
         if per_rank % micro:
             raise ConfigError("run.micro_batch", f"must divide the {per_rank} rows per process", value=micro)
@@ -509,11 +517,11 @@ class Validator:
         return evaluate_loss(self.model, self.rows, **self._kw)
 
     def final(self, stop: Callable[[], bool], token_bytes: torch.Tensor | None) -> ValStats:
-        """The run's result: loss, standard error and bits per byte; raises ``_EvalStopped`` when ``stop``."""
+        """The run's result: loss, standard error and bits per byte; raises ``EvalStopped`` when ``stop``."""
         return val_loss_stats(self.model, self.rows, stop=stop, token_bytes=token_bytes, **self._kw)
 
 
-class _Meter:
+class Meter:
     """Tokens per second since the last metrics line."""
 
     def __init__(self) -> None:
@@ -527,12 +535,12 @@ class _Meter:
         self.t, self.tokens = time.time(), 0
 
 
-def _step_record(
+def step_record(
     done_steps: int,
     tokens_per_step: int,
     lr_mult: float,
     loss: float,
-    meter: _Meter,
+    meter: Meter,
     f_token: float,
     peak: float | None,
     world: int,
@@ -554,7 +562,7 @@ def _step_record(
     return rec
 
 
-def _model_and_optimizers(cfg: TrainConfig, device: torch.device) -> tuple[LoopedLM, Any]:
+def model_and_optimizers(cfg: TrainConfig, device: torch.device) -> tuple[LoopedLM, Any]:
     """The model, initialised from ``run.seed``, and its optimisers (learning rates for the run's length)."""
     torch.manual_seed(cfg.run.seed)
     model = LoopedLM(cfg.model).to(device)
@@ -570,7 +578,7 @@ def _model_and_optimizers(cfg: TrainConfig, device: torch.device) -> tuple[Loope
     return model, opt
 
 
-def _resume(run_dir: Path, model: torch.nn.Module, opt: Any, is_main: bool) -> tuple[int, float, float]:
+def resume(run_dir: Path, model: torch.nn.Module, opt: Any, is_main: bool) -> tuple[int, float, float]:
     """Load ``ckpt.pt`` if there is one: (the step to start at, wall seconds of earlier sessions, the last
     training loss); metrics lines past the checkpoint are dropped (they will be redone)."""
     state = ck.load_checkpoint(run_dir, is_main=is_main)
@@ -593,7 +601,7 @@ def _resume(run_dir: Path, model: torch.nn.Module, opt: Any, is_main: bool) -> t
 @dataclass
 class RunContext:
     """One session of a run as ``train`` set it up (the config, its dir and length, processes, device, threads,
-    data, progress), handed once to ``_train`` and ``_result``."""
+    data, progress), handed once to ``_train`` and ``run_record``."""
 
     cfg: TrainConfig
     run_dir: Path
@@ -624,21 +632,21 @@ class Outcome(NamedTuple):
 
 def _train(ctx: RunContext) -> RunRecord:
     """The loop: steps (``train_step``), metrics and validation, checkpoints and signals, then the final
-    evaluation and result.json (``_result``, ``_write_result``)."""
+    evaluation and result.json (``run_record``, ``write_result``)."""
     cfg, run_dir, dist, device, data = ctx.cfg, ctx.run_dir, ctx.dist, ctx.device, ctx.data
     total_steps, run, on_step = ctx.total_steps, cfg.run, ctx.on_step
     batching = Batching.for_run(cfg, device, dist.world)
     val_rows = data.val_rows(run.val_tokens)
     if dist.is_main and val_rows.shape[0] * cfg.model.seq_len < run.val_tokens:
-        _warn(
+        warn(
             f"run.val_tokens = {run.val_tokens:,} but the validation split holds "
             f"{val_rows.shape[0] * cfg.model.seq_len:,} tokens: validating on all of them"
         )
 
     f_token = accounting.train_flops_per_token(cfg.model)
     tokens_per_step = cfg.tokens_per_step
-    model, opt = _model_and_optimizers(cfg, device)
-    start, wall_before, last_loss = _resume(run_dir, model, opt, dist.is_main)
+    model, opt = model_and_optimizers(cfg, device)
+    start, wall_before, last_loss = resume(run_dir, model, opt, dist.is_main)
     ctx.t_start -= wall_before
     t_start = ctx.t_start
     ddp = None
@@ -647,7 +655,7 @@ def _train(ctx: RunContext) -> RunRecord:
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
     train_model, _ = compile_for_training(
-        ddp or model, model.blocks(), run.compile, device, warn=_warn if dist.is_main else None
+        ddp or model, model.blocks(), run.compile, device, warn=warn if dist.is_main else None
     )
     dtype = resolved_dtype(device, run.dtype)
     peak = peak_flops(device, run.dtype)
@@ -669,7 +677,7 @@ def _train(ctx: RunContext) -> RunRecord:
     )
     tracker = make_tracker(run.track if dist.is_main else "none", run_dir, cfg.as_toml_dict())
     status, final = "ok", ValStats(float("nan"), float("nan"), None)
-    meter = _Meter()
+    meter = Meter()
     done_steps = start
 
     def save(step: int) -> None:
@@ -694,7 +702,7 @@ def _train(ctx: RunContext) -> RunRecord:
                 break
             is_eval = should_validate(done_steps, total_steps, run.eval_every)
             if is_eval or should_log(done_steps, total_steps, run.log_every):
-                rec = _step_record(
+                rec = step_record(
                     done_steps, tokens_per_step, lr_mult, last_loss, meter, f_token, peak, dist.world, device
                 )
                 if is_eval:
@@ -718,7 +726,7 @@ def _train(ctx: RunContext) -> RunRecord:
                     sig.caught,
                 )
 
-        measured = _measured_peak(device)
+        measured = measured_peak(device)
         if status == "ok":
             # The final evaluation can take minutes (tens of millions of tokens): checkpoint first, so a
             # preemption during it costs only the evaluation. A run resumed with every step done comes here.
@@ -727,7 +735,7 @@ def _train(ctx: RunContext) -> RunRecord:
             bar.note(f"final evaluation on {validator.tokens:,} validation tokens")
             try:
                 final = validator.final(lambda: sig.caught is not None, val_token_bytes(cfg, data))
-            except _EvalStopped:
+            except EvalStopped:
                 raise RunInterrupted(
                     f"{run_dir}: stopped by signal {sig.caught} during the final evaluation; "
                     f"checkpoint at step {total_steps}/{total_steps} saved, rerun to evaluate",
@@ -741,22 +749,22 @@ def _train(ctx: RunContext) -> RunRecord:
                 )
         tracker.close()
     compiled = getattr(train_model, "mode", resolved_mode(run.compile, device))
-    result = _result(
+    result = run_record(
         ctx, Outcome(status, final, last_loss, done_steps, validator.tokens, dtype, compiled, batching.plan)
     )
     if measured is not None:  # CUDA: what the allocator saw, beside the prediction (training, then validation)
         result.measured_peak_bytes = measured
-        result.measured_val_peak_bytes = _measured_peak(device) if status == "ok" else None
+        result.measured_val_peak_bytes = measured_peak(device) if status == "ok" else None
     if status == "diverged":
         result.error = f"loss {last_loss:.4g} at step {result.steps} (non-finite or above {diverge_at:.3g})"
     if dist.is_main:
-        _write_result(run_dir, result, model, keep_checkpoint=cfg.run.keep_checkpoint)
+        write_result(run_dir, result, model, keep_checkpoint=cfg.run.keep_checkpoint)
     if dist.world > 1:
         torch.distributed.barrier()
     return result
 
 
-def _write_result(run_dir: Path, result: RunRecord, model: torch.nn.Module, *, keep_checkpoint: bool) -> None:
+def write_result(run_dir: Path, result: RunRecord, model: torch.nn.Module, *, keep_checkpoint: bool) -> None:
     """The run's end on disk: weights and the final metrics line (status ok), then result.json, which marks
     the run finished, last; then the checkpoint goes (unless kept)."""
     if result.status == "ok":
@@ -776,7 +784,7 @@ def _write_result(run_dir: Path, result: RunRecord, model: torch.nn.Module, *, k
         (run_dir / ck.CKPT).unlink(missing_ok=True)
 
 
-def _result(ctx: RunContext, end: Outcome) -> RunRecord:
+def run_record(ctx: RunContext, end: Outcome) -> RunRecord:
     """result.json's record (the runs table's columns): the final estimate, the tokens and FLOPs, the setup."""
     cfg, final = ctx.cfg, end.final
     f_token = accounting.train_flops_per_token(cfg.model)
@@ -808,7 +816,7 @@ def _result(ctx: RunContext, end: Outcome) -> RunRecord:
     )
 
 
-def micro_batches(cfg: TrainConfig, device: torch.device, world: int = 1) -> memory.MicroBatches:
+def micro_batches(cfg: TrainConfig, device: torch.device, world: int = 1, pack: int = 1) -> memory.MicroBatches:
     """The run's training and validation micro-batches on this device (``run.micro_batch``; docs/training.md).
 
     ``"auto"`` plans for the device's usable memory (``memory.usable_memory``: a GPU's total less 10 % and
@@ -816,7 +824,7 @@ def micro_batches(cfg: TrainConfig, device: torch.device, world: int = 1) -> mem
     """
     total = memory.device_total_memory(str(device))
     limit = None if total is None else memory.usable_memory(total, device.type)
-    mb = memory.micro_batches(cfg, device=device.type, limit=limit, world=world)
+    mb = memory.micro_batches(cfg, device=device.type, limit=limit, world=world, pack=pack)
     if mb.train is None:
         raise ConfigError(
             "run.micro_batch",
@@ -840,7 +848,7 @@ def micro_batches(cfg: TrainConfig, device: torch.device, world: int = 1) -> mem
     return mb
 
 
-def _measured_peak(device: torch.device) -> int | None:
+def measured_peak(device: torch.device) -> int | None:
     """CUDA's peak allocated bytes since the last reset (then reset), or None on CPU."""
     if device.type != "cuda":
         return None
@@ -849,7 +857,7 @@ def _measured_peak(device: torch.device) -> int | None:
     return peak
 
 
-def _warn(message: str) -> None:
+def warn(message: str) -> None:
     import sys
 
     print(f"warning: {message}", file=sys.stderr, flush=True)

@@ -55,7 +55,7 @@ import pandas as pd
 from loopscale.fit.inference.profile import PROFILE_FINE, critical, p_value, summarise
 from loopscale.fit.law.formula import N_THETA, PHI, LawData, residuals
 from loopscale.fit.law.formula import loss as law_loss
-from loopscale.fit.law.solver import Bounds, single_thread
+from loopscale.fit.law.solver import Bounds, lm_minimise, single_thread
 
 #: Δφ's box (as the shared reading's).
 DELTA_BOUNDS = (-2.0, 2.0)
@@ -273,15 +273,15 @@ def lm(
     max_iter: int = 200,
     tol: float = 1e-10,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Batched projected Levenberg-Marquardt on J (as ``solver.lm_batch`` on the law's objective).
+    """Batched projected Levenberg-Marquardt (``solver.lm_minimise``) on J.
 
     p0 (S, 12); ``pair`` may carry one row of observations per fit; ``mask`` (S, m) or (m,) weights each
     component (0 leaves it out: a held-out or jackknifed cell); a slot not ``free`` keeps each start's value."""
-    p = np.clip(np.array(np.atleast_2d(p0), dtype=float), box.lower, box.upper)
-    S = len(p)
+    p0 = np.atleast_2d(p0)
+    S = len(p0)
     M = np.broadcast_to(np.ones(pair.n_components) if mask is None else mask, (S, pair.n_components))
 
-    def at(idx: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def evaluate(idx: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         with np.errstate(all="ignore"):
             z, J = components(q, pair.take(idx), lam, jac=True)
             assert J is not None
@@ -291,39 +291,7 @@ def lm(
             H = np.matmul(np.swapaxes(J * Mi[..., None], 1, 2), J)
         return np.where(np.isfinite(f), f, np.inf), g, H
 
-    f, g, H = at(np.arange(S), p)
-    damping = np.full(S, 1e-3)
-    active = np.isfinite(f)
-    fixed = ~free
-    eye = np.eye(N_P)
-    for _ in range(max_iter):
-        idx = np.flatnonzero(active)
-        if not idx.size:
-            break
-        Hs, gs = H[idx].copy(), g[idx].copy()
-        gs[:, fixed] = 0.0
-        Hs[:, fixed, :] = 0.0
-        Hs[:, :, fixed] = 0.0
-        diag = np.diagonal(Hs, axis1=1, axis2=2)
-        scale = diag.max(axis=1, keepdims=True) + 1e-300
-        damp = damping[idx, None] * (diag + 1e-9 * scale) + fixed * 1.0
-        with np.errstate(all="ignore"):
-            try:
-                step = -np.linalg.solve(Hs + damp[:, :, None] * eye, gs[..., None])[..., 0]
-            except np.linalg.LinAlgError:
-                step = -(np.linalg.pinv(Hs + damp[:, :, None] * eye) @ gs[..., None])[..., 0]
-        step = np.where(np.isfinite(step), step, 0.0)
-        new = np.clip(p[idx] + step, box.lower, box.upper)
-        fn, gn, Hn = at(idx, new)
-        better = fn < f[idx]
-        gain = np.where(better, (f[idx] - fn) / np.maximum(np.abs(f[idx]), 1e-300), 0.0)
-        acc = idx[better]
-        p[acc], f[acc], g[acc], H[acc] = new[better], fn[better], gn[better], Hn[better]
-        damping[acc] = np.maximum(damping[acc] / 3.0, 1e-12)
-        damping[idx[~better]] *= 4.0
-        done = (better & (gain < tol)) | (damping[idx] > 1e10)
-        active[idx[done]] = False
-    return p, f
+    return lm_minimise(p0, evaluate, box.lower, box.upper, free, max_iter=max_iter, tol=tol)
 
 
 def _best_of(starts: np.ndarray, pair: Pairing, lam: float, box: Box, free: np.ndarray) -> tuple[np.ndarray, float]:

@@ -155,31 +155,26 @@ class Minimum:
         return theta_to_params(self.theta)
 
 
-def lm_batch(
-    theta: np.ndarray,
-    data: LawData,
-    weights: np.ndarray,
-    bounds: Bounds,
+def lm_minimise(
+    x0: np.ndarray,
+    evaluate: Any,
+    lower: np.ndarray,
+    upper: np.ndarray,
     free: np.ndarray,
-    loss: str,
-    delta: float,
     max_iter: int = 150,
     tol: float = 1e-11,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Batched projected Levenberg-Marquardt on the IRLS form of the objective.
-
-    theta (S, 6) starts, weights (S, n). Returns end points (S, 6) and their objectives (S,). ``data`` may
-    carry one row of observations per start (``LawData.with_y``). A slot not in ``free`` keeps each start's
-    own value, so one batch can hold phi fixed at a different value per start (a profile).
-    """
-    theta = np.clip(np.array(theta, dtype=float), bounds.lower, bounds.upper)
-    S = len(theta)
-    weights = np.broadcast_to(weights, (S, len(data)))
-    f, g, H = objective(theta, data, weights, loss=loss, delta=delta, hess=True)
+    """Batched projected Levenberg-Marquardt: ``evaluate(idx, x)`` gives the objective (k,), gradient (k, m) and
+    (Gauss-Newton) Hessian (k, m, m) of the fits ``idx`` at ``x`` (k, m). Steps are projected onto the box and
+    accepted only if the objective decreases; a slot not in ``free`` keeps each start's own value. Every batched
+    fitter in loopscale is this loop with its own objective (the law's, ``lm_batch``; the paired Δφ's)."""
+    x = np.clip(np.array(x0, dtype=float), lower, upper)
+    S, m = x.shape
+    f, g, H = evaluate(np.arange(S), x)
     lam = np.full(S, 1e-3)
     active = np.isfinite(f)
-    fixed = ~free
-    eye = np.eye(N_THETA)
+    fixed = ~np.asarray(free, dtype=bool)
+    eye = np.eye(m)
     for _ in range(max_iter):
         idx = np.flatnonzero(active)
         if not idx.size:
@@ -198,17 +193,44 @@ def lm_batch(
             except np.linalg.LinAlgError:
                 step = -(np.linalg.pinv(A) @ gs[..., None])[..., 0]
         step = np.where(np.isfinite(step), step, 0.0)
-        new = np.clip(theta[idx] + step, bounds.lower, bounds.upper)
-        fn, gn, Hn = objective(new, data.take(idx), weights[idx], loss=loss, delta=delta, hess=True)
+        new = np.clip(x[idx] + step, lower, upper)
+        fn, gn, Hn = evaluate(idx, new)
         better = fn < f[idx]
         gain = np.where(better, (f[idx] - fn) / np.maximum(np.abs(f[idx]), 1e-300), 0.0)
         acc = idx[better]
-        theta[acc], f[acc], g[acc], H[acc] = new[better], fn[better], gn[better], Hn[better]
+        x[acc], f[acc], g[acc], H[acc] = new[better], fn[better], gn[better], Hn[better]
         lam[acc] = np.maximum(lam[acc] / 3.0, 1e-12)
         lam[idx[~better]] *= 4.0
         done = (better & (gain < tol)) | (lam[idx] > 1e10)
         active[idx[done]] = False
-    return theta, f
+    return x, f
+
+
+def lm_batch(
+    theta: np.ndarray,
+    data: LawData,
+    weights: np.ndarray,
+    bounds: Bounds,
+    free: np.ndarray,
+    loss: str,
+    delta: float,
+    max_iter: int = 150,
+    tol: float = 1e-11,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Batched projected Levenberg-Marquardt (``lm_minimise``) on the IRLS form of the law's objective.
+
+    theta (S, 6) starts, weights (S, n). Returns end points (S, 6) and their objectives (S,). ``data`` may
+    carry one row of observations per start (``LawData.with_y``). A slot not in ``free`` keeps each start's
+    own value, so one batch can hold phi fixed at a different value per start (a profile).
+    """
+    S = len(np.atleast_2d(theta))
+    weights = np.broadcast_to(weights, (S, len(data)))
+
+    def evaluate(idx: np.ndarray, th: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        out = objective(th, data.take(idx), weights[idx], loss=loss, delta=delta, hess=True)
+        return out[0], out[1], out[2]
+
+    return lm_minimise(theta, evaluate, bounds.lower, bounds.upper, free, max_iter=max_iter, tol=tol)
 
 
 def polish_lbfgsb(
