@@ -42,6 +42,35 @@ def test_ctrl_c_in_any_command_exits_130(path: tuple[str, ...], monkeypatch: pyt
     assert "interrupted" in capsys.readouterr().err
 
 
+def test_ctrl_c_during_an_extension_import_exits_130(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """CI saw it: SIGINT while scipy.optimize's HiGHS module initialised came back as ``ImportError:
+    initialization failed`` (cause: KeyboardInterrupt) and the fit exited 1."""
+    info = dict(COMMANDS)[("fit",)]
+
+    def interrupted_import() -> None:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as ki:
+            raise ImportError("initialization failed") from ki
+
+    monkeypatch.setattr(info, "name", "fit")
+    monkeypatch.setattr(info, "callback", interrupted_import)
+    assert run_app(["fit"]) == 130
+    assert "interrupted" in capsys.readouterr().err
+
+
+def test_an_import_error_of_its_own_is_not_an_interrupt(monkeypatch: pytest.MonkeyPatch) -> None:
+    info = dict(COMMANDS)[("fit",)]
+
+    def broken() -> None:
+        raise ImportError("no module named nothing")
+
+    monkeypatch.setattr(info, "name", "fit")
+    monkeypatch.setattr(info, "callback", broken)
+    with pytest.raises(ImportError):
+        run_app(["fit"])
+
+
 FAILURES: dict[str, tuple[BaseException, int, str]] = {
     "user-error": (ConfigError("--x", "expected an int", value="y"), 2, "--x: expected an int (got 'y')"),
     "read-only": (OSError(30, "Read-only file system", "/ro/fit.json"), 1, "/ro/fit.json: Read-only file system"),

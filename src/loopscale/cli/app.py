@@ -71,6 +71,22 @@ def _show_click_error(exc: Exception) -> int:
     return int(getattr(exc, "exit_code", 1) or 1)
 
 
+def _caused_by_interrupt(exc: BaseException) -> bool:
+    """True when a KeyboardInterrupt sits in the exception's cause/context chain.
+
+    A SIGINT that lands while a pybind11 extension initialises (scipy.optimize's HiGHS, on first fit) is
+    re-raised by the import machinery as ``ImportError: initialization failed`` whose cause is the interrupt.
+    """
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, KeyboardInterrupt):
+            return True
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
 def run_app(argv: list[str] | None = None) -> int:
     """Run the CLI; user errors become one line on stderr and exit status 2."""
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
@@ -98,6 +114,9 @@ def run_app(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # typer's own exits (--help)
         return int(exc.code or 0) if not isinstance(exc.code, str) else 1
     except Exception as exc:  # click usage errors raised in non-standalone mode (typer's click or click)
+        if _caused_by_interrupt(exc):  # a Ctrl-C inside an extension module's import surfaces as ImportError
+            err_console.print("interrupted; rerun the same command to resume")
+            return 130
         if isinstance(exc, _click_types("ClickException")):
             return _show_click_error(exc)
         if isinstance(exc, _click_types("Abort")):
