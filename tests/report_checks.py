@@ -370,9 +370,10 @@ def terminal_outputs(fit_path: Path, index: Path, monkeypatch: Any, capsys: Any)
     from loopscale.cli import run_app
     from loopscale.cli.app import console, err_console
     from loopscale.cli.fit import _print_fit, _print_verdicts
-    from loopscale.demo import _headline, _print_headline
+    from loopscale.demo import _demo_numbers, _print_headline
     from loopscale.fit import load_fit
     from loopscale.report import ReportContext, load_inputs
+    from loopscale.report.build import headline_record
     from loopscale.report.tables import axes_table
 
     monkeypatch.setattr(console, "_width", 250)
@@ -388,7 +389,7 @@ def terminal_outputs(fit_path: Path, index: Path, monkeypatch: Any, capsys: Any)
     axes = src / "axes.csv" if (src / "axes.csv").is_file() else None
     ctx = ReportContext.build(load_inputs(src / "runs.csv", index.parent, fit=fit_path, axes=axes))
     buf = io.StringIO()
-    head = _headline(ctx, ctx.inputs.runs, {"summary": []}, index, 60.0)
+    head = {**headline_record(ctx, index), **_demo_numbers(ctx, ctx.inputs.runs, {"summary": []}, 60.0)}
     _print_headline(Console(file=buf, width=400), head, axes_table(ctx))
     return {"fit (terminal)": fit_out, "plan (terminal)": plan_out, "demo (terminal)": buf.getvalue()}
 

@@ -50,9 +50,7 @@ def run_demo(
     from loopscale.fit import fit_runs, prepare_fit, write_fit
     from loopscale.fit.prepare import CONTROLS_FROM_SPEC
     from loopscale.io import atomic_write_json
-    from loopscale.report import make_report
-    from loopscale.report.context import ReportContext
-    from loopscale.report.inputs import load_inputs
+    from loopscale.report import write_report
     from loopscale.report.tables import axes_table
     from loopscale.sweep import SweepStore, holds_another_spec, load_spec, prepare, runs_table, write_table
 
@@ -112,12 +110,16 @@ def run_demo(
         ),
     )
     con.rule(_rich("[bold]4/4 report[/]"))
-    index = make_report(runs_csv, out / "report", fit=fit_path, axes=ev["axes_csv"])
-    ctx = ReportContext.build(load_inputs(runs_csv, out / "report", fit=fit_path, axes=ev["axes_csv"]))
-    headline = _headline(ctx, table, ev, index, time.time() - t0)  # the report's record, plus the demo's numbers
-    atomic_write_json(out / "headline.json", headline)
-    _print_headline(con, headline, axes_table(ctx))
-    return headline
+    report = write_report(  # one context, one headline record: the report's, with the demo's numbers added
+        runs_csv,
+        out / "report",
+        fit=fit_path,
+        axes=ev["axes_csv"],
+        headline_extra=lambda ctx: _demo_numbers(ctx, table, ev, time.time() - t0),
+    )
+    atomic_write_json(out / "headline.json", report.headline)
+    _print_headline(con, report.headline, axes_table(report.ctx))
+    return report.headline
 
 
 def _test_time_runs(runs: Any, variant: str) -> Callable[[Any], bool]:
@@ -169,12 +171,11 @@ def _sweep(spec: Any, store: Any, *, progress: bool, console: Console, slots: in
             raise DemoBusy(busy_message(store, summary.outcomes["busy"]))
 
 
-def _headline(ctx: Any, runs: Any, ev: dict[str, Any], index: Path, wall: float) -> dict[str, Any]:
-    """The demo's headline.json: the report's record (``report.build.headline_record``: the plain sentences, every
-    variant's verdict with its quoted interval and method, every Δφ by its leading reading) and the demo's own
-    numbers: R² against the restricted fits, the loss gap to r = 1 per cell, the axes, the wall time."""
+def _demo_numbers(ctx: Any, runs: Any, ev: dict[str, Any], wall: float) -> dict[str, Any]:
+    """What the demo adds to the report's headline record (``report.build.headline_record``: the plain sentences,
+    every variant's verdict with its quoted interval and method, every Δφ by its leading reading): R² against the
+    restricted fits, the loss gap to r = 1 per cell, the axes, the wall time up to the report."""
     from loopscale.config.data import AXES
-    from loopscale.report.build import headline_record
 
     v = ctx.variant_fit
     # loss gap to r = 1 at matched compute, from the best run per (C, r) cell (parabola vertices of
@@ -193,7 +194,6 @@ def _headline(ctx: Any, runs: Any, ev: dict[str, Any], index: Path, wall: float)
             if x is not None:
                 axes.setdefault(axis, {}).setdefault(int(row["r"]), []).append(float(x))
     return {
-        **headline_record(ctx, index),
         "r2": v.metrics.r2,
         "restricted": {k: r["r2"] for k, r in v.restricted.items()},
         "loss_gap_to_r1": gaps,

@@ -18,17 +18,18 @@ from loopscale.report.honesty import MAX_CI_WIDTH, NOT_IDENTIFIED, Verdict, phi_
 from loopscale.report.inputs import AXES, ReportInputs, load_inputs, read_axes
 
 if TYPE_CHECKING:
-    from loopscale.report.build import FORMATS, make_report, save_figure
+    from loopscale.report.build import FORMATS, Report, make_report, save_figure, write_report
 
 #: names served by ``report.build``, which loads matplotlib: imported on first use, so that
 #: ``loopscale.report.tables`` (and the context, the verdict) stay free of the plotting stack.
-_BUILD = ("FORMATS", "make_report", "save_figure")
+_BUILD = ("FORMATS", "Report", "make_report", "save_figure", "write_report")
 
 __all__ = [
     "AXES",
     "FORMATS",
     "MAX_CI_WIDTH",
     "NOT_IDENTIFIED",
+    "Report",
     "ReportContext",
     "ReportInputs",
     "Verdict",
@@ -37,6 +38,7 @@ __all__ = [
     "phi_verdict",
     "read_axes",
     "save_figure",
+    "write_report",
 ]
 
 

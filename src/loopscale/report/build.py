@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,15 @@ def build_panels(
     return panels
 
 
+@dataclass(frozen=True)
+class Report:
+    """What ``write_report`` wrote: the page, the context every part of it read, and headline.json's record."""
+
+    index: Path
+    ctx: ReportContext
+    headline: dict[str, Any]
+
+
 def make_report(
     runs: Any,
     out_dir: str | Path,
@@ -109,7 +119,26 @@ def make_report(
     formats: tuple[str, ...] = FORMATS,
     progress: Callable[[str], None] | None = None,
 ) -> Path:
-    """Write the report for ``runs`` into ``out_dir``; returns the path of ``index.html``.
+    """Write the report for ``runs`` into ``out_dir``; returns the path of ``index.html`` (``write_report``)."""
+    return write_report(
+        runs, out_dir, fit, axes, bootstrap, lr_draws, restarts=restarts, formats=formats, progress=progress
+    ).index
+
+
+def write_report(
+    runs: Any,
+    out_dir: str | Path,
+    fit: str | Path | dict[str, Any] | None = None,
+    axes: str | Path | pd.DataFrame | None = None,
+    bootstrap: int | None = None,
+    lr_draws: int | None = None,
+    *,
+    restarts: int | None = None,
+    formats: tuple[str, ...] = FORMATS,
+    progress: Callable[[str], None] | None = None,
+    headline_extra: Callable[[ReportContext], dict[str, Any]] | None = None,
+) -> Report:
+    """Write the report for ``runs`` into ``out_dir``, building its context once.
 
     runs       a runs table (CSV/Parquet path, sweep dir, DataFrame or RunsTable)
     fit        a fit file (path or dict from ``fit_runs``); None: fit now (saved as OUT/fit.json)
@@ -117,6 +146,7 @@ def make_report(
     bootstrap  resamples when the report fits (default: the paper's 200); ignored with ``fit``
     lr_draws   wild-bootstrap tables of the interval and tests when the report fits (default 2000)
     restarts   random starts when the report fits (default: the paper's 500)
+    headline_extra  more fields for headline.json, from the same context (``loopscale demo`` adds its numbers)
     """
     if "png" not in formats:
         raise ValueError("formats must include 'png' (the page embeds the PNGs)")
@@ -132,14 +162,16 @@ def make_report(
     atomic_write_text(out / "summary.md", render_markdown(ctx, panels, top, end))
     index = out / "index.html"
     atomic_write_text(index, render_html(ctx, panels, top, end))
-    atomic_write_json(out / "headline.json", headline_record(ctx, index))
-    return index
+    headline = {**headline_record(ctx, index), **(headline_extra(ctx) if headline_extra else {})}
+    atomic_write_json(out / "headline.json", headline)
+    return Report(index, ctx, headline)
 
 
 def headline_record(ctx: ReportContext, index: Path) -> dict[str, Any]:
     """``headline.json``: the plain sentences of summary.md and index.html, every variant's φ verdict with its
     quoted interval and that interval's method, and every technique's Δφ by its leading reading, for scripts that
-    read a report. ``loopscale demo`` writes the same record with its loss gaps and axes added (demo.py)."""
+    read a report. ``loopscale demo`` adds its loss gaps and axes through ``write_report(headline_extra=...)``, so
+    the report's headline.json and the demo's are one record."""
     from loopscale.report.plain import plain_headline
 
     def one(v: Any) -> dict[str, Any]:

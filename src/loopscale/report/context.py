@@ -43,16 +43,12 @@ class ReportContext:
     verdict: Verdict
     verdicts: dict[str, Verdict]
     palette: Palette
+    result: FitResult  # the fit, typed (``loopscale.fit.result``), validated once when the context is built
     notes: list[str] = field(default_factory=list)
 
     @property
     def fit(self) -> dict[str, Any]:
         return self.inputs.fit
-
-    @property
-    def result(self) -> FitResult:
-        """The fit, typed (``loopscale.fit.result``)."""
-        return FitResult.of(self.inputs.fit)
 
     @property
     def variant_fit(self) -> VariantFit:
@@ -114,6 +110,7 @@ class ReportContext:
             verdict=verdicts[variant],
             verdicts=verdicts,
             palette=palette,
+            result=result,
             notes=notes,
         )
 
