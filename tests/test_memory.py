@@ -26,6 +26,7 @@ from loopscale.config import ModelConfig
 from loopscale.errors import ConfigError
 from loopscale.model import LoopedLM
 from loopscale.optim import OptimConfig, build_optimizers
+from loopscale.train import microbatch
 
 TINY = {"d_model": 64, "head_dim": 16, "L_eff": 6, "n_prelude": 1, "n_coda": 1, "seq_len": 32, "vocab_size": 300}
 CPU32 = memory.Regime("cpu", "float32")
@@ -364,12 +365,12 @@ def test_auto_takes_the_largest_divisor_that_fits_and_validation_takes_more() ->
     cfg = _run_cfg("run.micro_batch=auto", batch=16)
     rg = memory.regime("cpu")
     between = (memory.train_peak(cfg.model, 4, rg).total + memory.train_peak(cfg.model, 8, rg).total) / 2
-    mb = memory.micro_batches(cfg, device="cpu", limit=between)
+    mb = microbatch.micro_batches(cfg, device="cpu", limit=between)
     assert (mb.train, mb.rows_per_process) == (4, 16) and mb.val >= 4 and mb.fits
-    assert memory.micro_batches(cfg, device="cpu", limit=None).train == 16  # no limit known: every row
-    assert memory.micro_batches(cfg, device="cpu", limit=1e3).train is None  # not one row
-    assert memory.micro_batches(cfg, device="cpu", limit=between, world=2).rows_per_process == 8
-    fixed = memory.micro_batches(_run_cfg("run.micro_batch=2", batch=16), device="cpu", limit=1e3)
+    assert microbatch.micro_batches(cfg, device="cpu", limit=None).train == 16  # no limit known: every row
+    assert microbatch.micro_batches(cfg, device="cpu", limit=1e3).train is None  # not one row
+    assert microbatch.micro_batches(cfg, device="cpu", limit=between, world=2).rows_per_process == 8
+    fixed = microbatch.micro_batches(_run_cfg("run.micro_batch=2", batch=16), device="cpu", limit=1e3)
     assert (fixed.train, fixed.val, fixed.fits) == (2, 2, False)  # an explicit value is kept, and flagged
 
 

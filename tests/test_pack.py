@@ -27,6 +27,7 @@ from loopscale.model import LoopedLM
 from loopscale.model.packed import PackedLM
 from loopscale.optim import OptimConfig, build_optimizers
 from loopscale.optim.packed import PackedOptimizers
+from loopscale.train import microbatch
 
 #: last-bit perturbations of the initial weights (each weight moved by 8 ulps up or down at random, two draws): the
 #: solo run's rounding noise. (tests/test_parity.py scales the loss instead; AdamW's normalised step is blind to
@@ -447,17 +448,16 @@ def test_a_pack_keeps_for_backward_what_its_members_would_alone(model: dict, dty
 
 
 def test_the_memory_model_plans_a_pack_as_its_members_side_by_side() -> None:
-    from loopscale import memory
 
     cfg = _train_cfg()
-    one = memory.micro_batches(cfg, device="cpu", limit=None)
-    four = memory.micro_batches(cfg, device="cpu", limit=None, pack=4)
+    one = microbatch.micro_batches(cfg, device="cpu", limit=None)
+    four = microbatch.micro_batches(cfg, device="cpu", limit=None, pack=4)
     assert four.train == one.train and four.train_peak == 4 * one.train_peak and four.val_peak == 4 * one.val_peak
-    assert memory.pack_peak(cfg, 4, device="cpu") == four.train_peak
+    assert microbatch.pack_peak(cfg, 4, device="cpu") == four.train_peak
     auto = _train_cfg('run.micro_batch="auto"')
-    limit = memory.micro_batches(_train_cfg("run.micro_batch=4"), device="cpu", limit=None, pack=4).train_peak
-    alone = memory.micro_batches(auto, device="cpu", limit=limit)  # 4 runs' worth of 4 rows: one run takes all 8
-    packed = memory.micro_batches(auto, device="cpu", limit=limit, pack=4)
+    limit = microbatch.micro_batches(_train_cfg("run.micro_batch=4"), device="cpu", limit=None, pack=4).train_peak
+    alone = microbatch.micro_batches(auto, device="cpu", limit=limit)  # 4 runs' worth of 4 rows: one run takes all 8
+    packed = microbatch.micro_batches(auto, device="cpu", limit=limit, pack=4)
     assert alone.train == 8 and packed.train == 4 and packed.train_peak == limit
 
 
@@ -466,7 +466,7 @@ def test_auto_packs_no_more_runs_than_the_device_holds() -> None:
     from loopscale.sweep.packs import pack_cap
 
     cfg = _train_cfg("run.device=cpu")
-    peak = memory.pack_peak(cfg, 1, device="cpu")
+    peak = microbatch.pack_peak(cfg, 1, device="cpu")
     total = 3.5 * peak / memory.CPU_FRACTION  # usable: 3.5 runs' peaks
     assert pack_cap(cfg, "auto", device_memory=total) == 3
     assert pack_cap(cfg, "auto", device_memory=1e15) == 8 and pack_cap(cfg, 5) == 5 and pack_cap(cfg, "off") == 1

@@ -11,6 +11,7 @@ from loopscale import accounting, grids
 from loopscale.errors import ConfigError
 from loopscale.sweep import load_spec, make_plan, prepare, spec_from_dict
 from loopscale.sweep.calibrate import Calibration
+from loopscale.sweep.spec import plan_order
 
 
 def tiny_spec(**sweep) -> dict:
@@ -301,7 +302,7 @@ def test_resolved_spec_in_the_sweep_dir_reloads_to_the_same_runs(tmp_path: Path)
     store = prepare(spec, tmp_path / "sw")
     again = load_spec(store.root)
     assert [(rs.run_id, rs.config) for rs in again.runs()] == [(rs.run_id, rs.config) for rs in spec.runs()]
-    assert [rs.run_id for rs in store.planned()] == [rs.run_id for rs in spec.runs()]
+    assert [rs.run_id for rs in store.planned(plan_order(store.root))] == [rs.run_id for rs in spec.runs()]
 
 
 def _with(path: str, value, **extra) -> dict:

@@ -1,10 +1,10 @@
 """Memory of one training step: the one source of the micro-batch rule (arXiv 2604.21106 trains 128 rows of T = 2048).
 
-Pure functions of a ModelConfig (and, for a run's micro-batches, a TrainConfig), like
-``loopscale.accounting``: nothing here builds a model; torch is imported only to ask a device for its
-size. ``tests/test_memory.py`` checks the terms against what autograd saves and what a CPU training
-step allocates (fp32 and bf16 autocast, every injection, truncated BPTT, math attention), and pins
-the CUDA prediction at paper scale.
+Pure functions of a ModelConfig, like ``loopscale.accounting``: nothing here builds a model; torch is
+imported only to ask a device for its size. A run's micro-batches (its TrainConfig meets these terms) are
+planned in ``loopscale.train.microbatch``. ``tests/test_memory.py`` checks the terms against what autograd
+saves and what a CPU training step allocates (fp32 and bf16 autocast, every injection, truncated BPTT, math
+attention), and pins the CUDA prediction at paper scale.
 
 A step peaks at the start of backward (every activation of the micro-batch is still saved) or in
 the optimiser step::
@@ -83,14 +83,11 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from loopscale import accounting
 from loopscale.config import ModelConfig
 from loopscale.model.chunks import chunk_rows, mlp_chunk_rows  # the model's chunk sizes
-
-if TYPE_CHECKING:
-    from loopscale.train.settings import TrainConfig
 
 MARGIN_FRACTION = 0.10  # of a GPU: allocator fragmentation, cuBLAS and attention workspaces
 MARGIN_BYTES = 2**30  # the CUDA context and NCCL buffers, outside torch's allocator
@@ -435,88 +432,10 @@ def fmt_bytes(n: float) -> str:
     return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
 
 
-# ---- a run's micro-batches ------------------------------------------------------------------
+# ---- micro-batches: the largest that fits (``loopscale.train.microbatch`` plans a run's) ------------
 def largest_fitting(rows: int, limit: float, peak_of: Callable[[int], Peak], *, at_least: int = 1) -> int | None:
     """The largest divisor of ``rows`` (at least ``at_least``) whose peak is within ``limit``."""
     for k in range(rows, at_least - 1, -1):
         if rows % k == 0 and peak_of(k).total <= limit:
             return k
     return None
-
-
-@dataclass(frozen=True)
-class MicroBatches:
-    """A run's training and validation micro-batches and their predicted peaks (bytes, one process)."""
-
-    rows_per_process: int
-    train: int | None  # None: not even one row fits
-    val: int | None
-    train_peak: float  # at ``train`` rows (at one row when nothing fits)
-    val_peak: float
-    limit: float | None  # usable bytes planned for (None: not known)
-
-    @property
-    def fits(self) -> bool:
-        return self.train is not None and (self.limit is None or self.train_peak <= self.limit)
-
-    def record(self) -> dict[str, Any]:
-        """What a run's result.json records."""
-        return {
-            "micro_batch": self.train,
-            "val_micro_batch": self.val,
-            "predicted_peak_bytes": self.train_peak,
-            "predicted_val_peak_bytes": self.val_peak,
-            "memory_limit_bytes": self.limit,
-        }
-
-
-def micro_batches(cfg: TrainConfig, *, device: str, limit: float | None, world: int = 1, pack: int = 1) -> MicroBatches:
-    """A run's micro-batches on ``device`` with ``limit`` usable bytes per process.
-
-    ``run.micro_batch``: None = all the process's rows in one forward; an int = that many (at most all);
-    ``"auto"`` = the largest divisor of the rows per process whose training peak is within ``limit``
-    (all rows when the limit is unknown), and for validation, which keeps no activations, the largest
-    divisor (at least the training one) whose validation peak is within it.
-
-    ``pack``: the run is one of ``pack`` same-shaped members trained as one model (``loopscale.train.pack``).
-    Every term of a pack's step is its members' side by side (stacked weights, gradients and optimiser state,
-    each member's activations, the batched orthogonalisation; the packed loss's chunks hold no more rows per
-    member than a solo run's), so its peak is ``pack`` times a member's: each member plans for ``limit / pack``
-    and the peaks returned are the pack's. Validation runs one member at a time beside the pack's state, which
-    the same product bounds.
-    """
-    model, run, opt = cfg.model, cfg.run, cfg.optim
-    rg = regime(device, run.dtype, fused_loss=run.fused_loss)
-    per = max(1, run.batch_size // world)
-    k_pack = max(1, pack)
-    each = None if limit is None else limit / k_pack
-
-    def tp(k: int) -> Peak:
-        return train_peak(model, k, rg, optim=opt.name, ns_dtype=opt.ns_dtype, world=world, accumulate=k < per)
-
-    def vp(k: int) -> Peak:
-        return eval_peak(model, k, rg, optim=opt.name, world=world)
-
-    if run.micro_batch != "auto" or each is None:
-        k = per if run.micro_batch in (None, "auto") else min(int(run.micro_batch), per)
-        return MicroBatches(per, k, k, k_pack * tp(k).total, k_pack * vp(k).total, limit)
-    fits = largest_fitting(per, each, tp)
-    if fits is None:
-        return MicroBatches(per, None, None, k_pack * tp(1).total, k_pack * vp(1).total, limit)
-    v = largest_fitting(per, each, vp, at_least=fits) or fits
-    return MicroBatches(per, fits, v, k_pack * tp(fits).total, k_pack * vp(v).total, limit)
-
-
-def pack_peak(cfg: TrainConfig, k: int, *, device: str) -> float:
-    """The predicted peak of ``k`` runs like ``cfg`` trained as one pack, at the run's configured micro-batch
-    (``micro_batches(pack=k)``; "auto" taken as all rows)."""
-    return micro_batches(cfg, device=device, limit=None, pack=k).train_peak
-
-
-def max_rows(cfg: TrainConfig, *, device: str, limit: float, most: int) -> int:
-    """The most rows (1..``most``, any count) one training forward may take within ``limit`` (0: none)."""
-    rg = regime(device, cfg.run.dtype, fused_loss=cfg.run.fused_loss)
-    for k in range(most, 0, -1):
-        if train_peak(cfg.model, k, rg, optim=cfg.optim.name, ns_dtype=cfg.optim.ns_dtype).total <= limit:
-            return k
-    return 0

@@ -116,7 +116,7 @@ class RunRecord(BaseModel):
     threads: int | None = None
     compile: str | None = None
 
-    # -- the memory plan (``loopscale.memory.MicroBatches.record``) and, on CUDA, what the allocator saw
+    # -- the memory plan (``loopscale.train.microbatch.MicroBatches.record``) and, on CUDA, what the allocator saw
     micro_batch: int | None = None
     val_micro_batch: int | None = None
     predicted_peak_bytes: float | None = None

@@ -337,7 +337,7 @@ def status(
 
     store = open_store(sweep_dir)
     spec = load_spec(store.root)
-    planned = store.planned()
+    planned = store.planned([rs.run_id for rs in spec.runs()])
     counts = dict.fromkeys(STATUSES, 0)
     flops_total = flops_done = flops_failed = 0.0
     t = Table(box=box.SIMPLE_HEAD)

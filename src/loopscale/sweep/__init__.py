@@ -19,7 +19,8 @@ from pathlib import Path
 
 from loopscale.sweep.collect import COLUMNS, runs_table, write_table
 from loopscale.sweep.plan import Plan, PlanRow, make_plan, plan_row
-from loopscale.sweep.spec import BASELINE, RunSpec, SweepSpec, load_spec, preset_path, presets, spec_from_dict
+from loopscale.sweep.runspec import RunSpec
+from loopscale.sweep.spec import BASELINE, SweepSpec, load_spec, preset_path, presets, spec_from_dict
 from loopscale.sweep.store import STATUSES, SweepStore, open_store
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from loopscale import accounting, memory
 from loopscale.io import atomic_write_json
+from loopscale.train import microbatch
 from loopscale.train.settings import TrainConfig
 
 RUN_OVERHEAD_S = 1.5  # data load from the cache, model build, final save (CPU, measured on the demo)
@@ -85,7 +86,7 @@ def _device(cfg: TrainConfig) -> str:
 
 def _run_micro(cfg: TrainConfig, device: str, limit: float | None) -> int:
     """The rows per forward the run would use on this device (``run.micro_batch``, "auto" resolved)."""
-    return memory.micro_batches(cfg, device=device, limit=limit).train or 1
+    return microbatch.micro_batches(cfg, device=device, limit=limit).train or 1
 
 
 def measure(
@@ -298,7 +299,7 @@ class Calibration:
             left = budget_s - (time.time() - t_start)
             n_rows = min(rows, _run_micro(cfg, device, limit), int(left / (3 * row_s)))
             if limit is not None and n_rows >= 1:
-                n_rows = memory.max_rows(cfg, device=device, limit=limit, most=n_rows)
+                n_rows = microbatch.max_rows(cfg, device=device, limit=limit, most=n_rows)
             if n_rows < 1:
                 continue  # does not fit in the budget or in memory: extrapolated
             if log is not None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from loopscale import record
 from loopscale.io import atomic_write_bytes, atomic_write_text
+from loopscale.sweep.spec import plan_order
 from loopscale.sweep.store import SweepStore
 
 COLUMNS: tuple[str, ...] = record.LEAD
@@ -37,7 +38,7 @@ def runs_table(store: SweepStore) -> tuple[Any, dict[str, int]]:
         missing["corrupt"] = len(store.unreadable_plans())
     columns = record.runs_table_columns()
     from_record = [c for c in columns if c not in record.GRID and c != record.ATTEMPTS]
-    for rs in store.planned():
+    for rs in store.planned(plan_order(store.root)):
         st = store.state(rs.run_id)
         if st.result is None:
             missing[st.status] = missing.get(st.status, 0) + 1
@@ -60,7 +61,7 @@ def runs_table(store: SweepStore) -> tuple[Any, dict[str, int]]:
 def corrupt_files(store: SweepStore) -> list[str]:
     """One line per run left out because a file of it cannot be read (sweep.json or result.json)."""
     lines = list(store.unreadable_plans().values())
-    for rs in store.planned():
+    for rs in store.planned(plan_order(store.root)):
         st = store.state(rs.run_id)
         if st.status == "corrupt" and st.problem:
             lines.append(st.problem)

@@ -24,7 +24,7 @@ from loopscale.errors import ConfigError, LoopscaleError
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from loopscale.sweep.spec import RunSpec
+    from loopscale.sweep.runspec import RunSpec
     from loopscale.sweep.store import SweepStore
 
 #: name -> the executor: a "module:Class" string (imported when used) or the class itself.

@@ -42,7 +42,7 @@ from loopscale.sweep.progress import SweepProgress, duration
 from loopscale.sweep.store import SweepStore, last_step
 
 if TYPE_CHECKING:
-    from loopscale.sweep.spec import RunSpec
+    from loopscale.sweep.runspec import RunSpec
 
 
 class LocalSettings(StrictModel):

@@ -22,7 +22,7 @@ from loopscale.errors import ConfigError
 from loopscale.train.settings import TrainConfig
 
 if TYPE_CHECKING:
-    from loopscale.sweep.spec import RunSpec
+    from loopscale.sweep.runspec import RunSpec
 
 PackMode = Literal["auto", "off"] | int
 
@@ -64,7 +64,7 @@ MEMBER_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 #: the most runs ``--pack auto`` puts in one pack: on a CPU the gain per member levels off by 8 members
-#: (bench/RESULTS.md, "Packs"); on a GPU the memory model (``loopscale.memory.pack_peak``) limits it too
+#: (bench/RESULTS.md, "Packs"); on a GPU the memory model (``loopscale.train.microbatch.pack_peak``) limits it too
 AUTO_MAX = {"cpu": 8, "cuda": 16}
 
 
@@ -114,13 +114,14 @@ def pack_cap(cfg: TrainConfig, mode: PackMode, device_memory: float | None = Non
     if isinstance(mode, int):
         return mode
     from loopscale import memory
+    from loopscale.train import microbatch
 
     device = device_kind(cfg)
     cap = AUTO_MAX[device]
     total = device_memory if device_memory is not None else memory.device_total_memory(device)
     if total:
         limit = memory.usable_memory(total, device)
-        while cap > 1 and memory.pack_peak(cfg, cap, device=device) > limit:
+        while cap > 1 and microbatch.pack_peak(cfg, cap, device=device) > limit:
             cap -= 1
     return cap
 

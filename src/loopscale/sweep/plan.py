@@ -19,7 +19,9 @@ from typing import Any
 from loopscale import accounting, memory
 from loopscale.sweep.calibrate import SLOT_START_S, Calibration, Timing, assumed_timing, pack_seconds
 from loopscale.sweep.packs import PackMode, make_packs
-from loopscale.sweep.spec import RunSpec, SweepSpec
+from loopscale.sweep.runspec import RunSpec
+from loopscale.sweep.spec import SweepSpec
+from loopscale.train import microbatch
 
 
 @dataclass
@@ -163,11 +165,11 @@ def plan_memory(row: PlanRow, device_memory: float) -> None:
     cfg, device = row.run.config, plan_device(row.run)
     limit = memory.usable_memory(device_memory, device)
     auto = cfg.run.micro_batch == "auto"
-    mb = memory.micro_batches(cfg, device=device, limit=limit)
+    mb = microbatch.micro_batches(cfg, device=device, limit=limit)
     best = (
         mb
         if auto
-        else memory.micro_batches(
+        else microbatch.micro_batches(
             cfg.model_copy(update={"run": cfg.run.model_copy(update={"micro_batch": "auto"})}),
             device=device,
             limit=limit,

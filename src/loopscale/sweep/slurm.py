@@ -55,7 +55,7 @@ from loopscale.sweep.executor import Executor, SubmitFailed, SweepJob
 from loopscale.sweep.store import SweepStore
 
 if TYPE_CHECKING:
-    from loopscale.sweep.spec import RunSpec
+    from loopscale.sweep.runspec import RunSpec
 
 TIME_LADDER_MIN = (15, 30, 60, 120, 240, 480, 720, 1440, 2880, 4320, 10080)
 

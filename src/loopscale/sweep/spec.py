@@ -38,6 +38,7 @@ from loopscale.config import ModelConfig, StrictModel, apply_overrides, load_map
 from loopscale.errors import ConfigError
 from loopscale.fit.settings import FitTable
 from loopscale.sweep import executor
+from loopscale.sweep.runspec import RunSpec, budget_label, run_id_for
 from loopscale.train.settings import TrainConfig, train_config_from_dict
 
 BASELINE = "baseline"
@@ -100,53 +101,6 @@ class Variant(StrictModel):
     def own_r(self, sweep_r: list[int]) -> list[int]:
         """The r of the runs this variant trains itself (shared r = 1 runs are the baseline's)."""
         return [r for r in (self.r or sweep_r) if not (r == 1 and self.r1 == "shared")]
-
-
-# ---- planned runs ------------------------------------------------------------------------------
-def budget_label(c: float) -> str:
-    return f"{c:.6g}"
-
-
-def run_id_for(C: float, r: int, d_model: int, variant: str, seed: int) -> str:
-    return f"C{budget_label(C)}_r{r}_d{d_model}_{variant}_s{seed}"
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """One planned run: its place in the grid and its fully resolved TrainConfig."""
-
-    run_id: str
-    variant: str
-    seed: int
-    C: float
-    r: int
-    d_model: int
-    config: TrainConfig
-
-    def meta(self) -> dict[str, Any]:
-        """What ``runs/<run_id>/sweep.json`` holds: the grid coordinates and the exact config."""
-        return {
-            "run_id": self.run_id,
-            "variant": self.variant,
-            "seed": self.seed,
-            "C": self.C,
-            "r": self.r,
-            "d_model": self.d_model,
-            "config": self.config.model_dump(mode="json"),
-        }
-
-    @classmethod
-    def from_meta(cls, meta: dict[str, Any], source: str = "sweep.json") -> RunSpec:
-        cfg = validate(TrainConfig, meta["config"], source=source)
-        return cls(
-            meta["run_id"],
-            meta["variant"],
-            int(meta["seed"]),
-            float(meta["C"]),
-            int(meta["r"]),
-            int(meta["d_model"]),
-            cfg,
-        )
 
 
 @dataclass
@@ -258,6 +212,17 @@ def resolve_spec_path(spec: str | Path) -> Path:
     if str(spec) in names:
         return preset_path(str(spec))
     raise ConfigError("SPEC", f"no such file or sweep dir, and not a preset ({', '.join(names)})", value=str(spec))
+
+
+def plan_order(sweep_dir: Path) -> list[str]:
+    """The run ids of a sweep dir's spec.toml in plan order (``SweepStore.planned``); none when it has no readable
+    spec."""
+    if not (sweep_dir / "spec.toml").is_file():
+        return []
+    try:
+        return [rs.run_id for rs in load_spec(sweep_dir).runs()]
+    except ConfigError:
+        return []
 
 
 def load_spec(spec: str | Path, overrides: list[str] | None = None) -> SweepSpec:

@@ -32,6 +32,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from loopscale.errors import ConfigError
 from loopscale.io import append_jsonl, atomic_write_json, atomic_write_text
 from loopscale.record import RESULT
 from loopscale.record import record_problem as result_problem  # what makes a result.json unusable
-from loopscale.sweep.spec import RunSpec
+from loopscale.sweep.runspec import RunSpec
 
 META = "sweep.json"
 ATTEMPTS = "attempts.json"
@@ -189,19 +190,15 @@ class SweepStore:
         for path, meta in writes:
             atomic_write_json(path, meta)
 
-    def planned(self) -> list[RunSpec]:
-        """The runs written by ``materialise``, in plan order (as listed by spec.toml when it exists).
+    def planned(self, order: Sequence[str] = ()) -> list[RunSpec]:
+        """The runs written by ``materialise``: those in ``order`` (run ids) first, in that order, then the rest by id.
 
-        A run dir whose sweep.json cannot be read is not here: ``unreadable_plans`` names it.
+        ``spec.plan_order(store.root)`` is the plan's order (the store stores, the spec knows the grid); a run dir
+        whose sweep.json cannot be read is not here: ``unreadable_plans`` names it.
         """
         metas = [rs for rs in self._metas().values() if isinstance(rs, RunSpec)]
-        order = {}
-        if self.exists():
-            from loopscale.sweep.spec import load_spec
-
-            with contextlib.suppress(ConfigError):
-                order = {rs.run_id: i for i, rs in enumerate(load_spec(self.root).runs())}
-        return sorted(metas, key=lambda rs: (order.get(rs.run_id, len(order)), rs.run_id))
+        index = {rid: i for i, rid in enumerate(order)}
+        return sorted(metas, key=lambda rs: (index.get(rs.run_id, len(index)), rs.run_id))
 
     def unreadable_plans(self) -> dict[str, str]:
         """Run dirs whose sweep.json exists but cannot be read or validated: run id -> the problem.

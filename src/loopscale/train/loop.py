@@ -25,7 +25,7 @@ from typing import Any, NamedTuple, NoReturn
 
 import torch
 
-from loopscale import accounting, memory
+from loopscale import accounting
 from loopscale.errors import ConfigError, LoopscaleError
 from loopscale.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl
 from loopscale.model import LoopedLM, cpu_kernels
@@ -33,7 +33,7 @@ from loopscale.optim import build_optimizers
 from loopscale.record import RunRecord
 from loopscale.signals import STOP_OR_WARN, StopSignals, second_ctrl_c_stops_at_once
 from loopscale.train import checkpoint as ck
-from loopscale.train import rundir
+from loopscale.train import microbatch, rundir
 from loopscale.train.batches import TokenData, load_token_data
 from loopscale.train.compiling import compile_for_training, resolved_mode
 from loopscale.train.hardware import (
@@ -46,6 +46,7 @@ from loopscale.train.hardware import (
     tune_cpu_malloc,
     versions,
 )
+from loopscale.train.microbatch import MicroBatches
 from loopscale.train.settings import TrainConfig
 from loopscale.train.track import make_tracker
 
@@ -419,7 +420,7 @@ class Batching(NamedTuple):
     micro: int
     n_micro: int
     val_micro: int
-    plan: memory.MicroBatches
+    plan: MicroBatches
 
     @classmethod
     def for_run(cls, cfg: TrainConfig, device: torch.device, world: int, pack: int = 1) -> Batching:
@@ -428,7 +429,7 @@ class Batching(NamedTuple):
         if B % world:
             raise ConfigError("run.batch_size", f"must be divisible by the {world} processes", value=B)
         per_rank = B // world
-        mb = micro_batches(cfg, device, world, pack)
+        mb = microbatch.on_device(cfg, device, world, pack)
         micro, val_micro = mb.train or 1, mb.val or 1
         if per_rank % micro:
             raise ConfigError("run.micro_batch", f"must divide the {per_rank} rows per process", value=micro)
@@ -627,7 +628,7 @@ class Outcome(NamedTuple):
     val_tokens: int
     dtype: str
     compile_mode: Any
-    plan: memory.MicroBatches
+    plan: MicroBatches
 
 
 def _train(ctx: RunContext) -> RunRecord:
@@ -814,38 +815,6 @@ def run_record(ctx: RunContext, end: Outcome) -> RunRecord:
         compile=end.compile_mode,
         **end.plan.record(),
     )
-
-
-def micro_batches(cfg: TrainConfig, device: torch.device, world: int = 1, pack: int = 1) -> memory.MicroBatches:
-    """The run's training and validation micro-batches on this device (``run.micro_batch``; docs/training.md).
-
-    ``"auto"`` plans for the device's usable memory (``memory.usable_memory``: a GPU's total less 10 % and
-    1 GiB, half of a CPU host); a run that cannot fit one row is a ConfigError, never retried.
-    """
-    total = memory.device_total_memory(str(device))
-    limit = None if total is None else memory.usable_memory(total, device.type)
-    mb = memory.micro_batches(cfg, device=device.type, limit=limit, world=world, pack=pack)
-    if mb.train is None:
-        raise ConfigError(
-            "run.micro_batch",
-            f"auto: one row of {cfg.model.seq_len} tokens needs "
-            f"{memory.fmt_bytes(mb.train_peak)} (predicted, loopscale.memory) but one process on "
-            f"{device} has {memory.fmt_bytes(limit or 0)} usable; use a larger device, more "
-            "processes or a smaller model",
-            value="auto",
-        )
-    peak = max(mb.train_peak, mb.val_peak)
-    if total is not None and peak > total:  # it cannot run here: refuse now, not after minutes of swapping
-        m, r = cfg.model, cfg.run
-        raise ConfigError(
-            "run.micro_batch",
-            f"{mb.train} rows of {m.seq_len} tokens at d_model = {m.d_model}, "
-            f"L_eff = {m.L_eff} need {memory.fmt_bytes(peak)} (predicted, loopscale.memory) but "
-            f'{device} has {memory.fmt_bytes(total)} in all; set run.micro_batch = "auto", a '
-            "smaller run.batch_size or a smaller model",
-            value=r.micro_batch,
-        )
-    return mb
 
 
 def measured_peak(device: torch.device) -> int | None:
