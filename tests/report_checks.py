@@ -389,7 +389,7 @@ def terminal_outputs(fit_path: Path, index: Path, monkeypatch: Any, capsys: Any)
     axes = src / "axes.csv" if (src / "axes.csv").is_file() else None
     ctx = ReportContext.build(load_inputs(src / "runs.csv", index.parent, fit=fit_path, axes=axes))
     buf = io.StringIO()
-    head = {**headline_record(ctx, index), **_demo_numbers(ctx, ctx.inputs.runs, {"summary": []}, 60.0)}
+    head = {**headline_record(ctx, index), **_demo_numbers(ctx, ctx.inputs.runs, [], 60.0)}
     _print_headline(Console(file=buf, width=400), head, axes_table(ctx))
     return {"fit (terminal)": fit_out, "plan (terminal)": plan_out, "demo (terminal)": buf.getvalue()}
 

@@ -13,7 +13,7 @@ from loopscale.data.hf_tokenizer import HFTokenizer, train_bpe
 from loopscale.data.token_bytes import token_bytes
 from loopscale.data.tokenizer import ByteTokenizer
 from loopscale.model import LoopedLM
-from loopscale.train.loop import val_loss_stats
+from loopscale.train.validate import val_loss_stats
 from test_train import cfg_with
 
 TEXTS = ["héllo wörld, the king and the queen", "Ünïcødé ∑ x = 1", "plain ascii text"]
@@ -61,9 +61,9 @@ def test_result_metrics_and_runs_table_carry_val_bpb(tmp_path: Path) -> None:
     from loopscale.train import train
 
     res = train(cfg_with(steps=10), tmp_path / "run", progress=False)
-    assert res["val_bpb"] > 0 and math.isfinite(res["val_bpb"])
+    assert res.val_bpb > 0 and math.isfinite(res.val_bpb)
     # bytes: one byte per text token, so bpb is close to the loss in bits (BOS targets are few)
-    assert res["val_bpb"] == pytest.approx(res["val_loss"] / math.log(2), rel=0.1)
+    assert res.val_bpb == pytest.approx(res.val_loss / math.log(2), rel=0.1)
     final = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
-    assert final["final"] and final["val_bpb"] == res["val_bpb"]
+    assert final["final"] and final["val_bpb"] == res.val_bpb
     assert "val_bpb" in EXTRA

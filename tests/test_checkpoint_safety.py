@@ -83,7 +83,7 @@ def test_a_damaged_checkpoint_is_moved_aside_with_a_warning_and_the_run_restarts
     aside = list(run_dir.glob("ckpt.pt.corrupt-*"))
     assert len(aside) == 1
     assert f"warning: {path} is unreadable" in err and aside[0].name in err and "step 0" in err
-    assert resumed["status"] == "ok" and resumed["val_loss"] == straight["val_loss"]  # from step 0, same bits
+    assert resumed.status == "ok" and resumed.val_loss == straight.val_loss  # from step 0, same bits
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [5, 10, 12, 12]  # the old session's lines were dropped with its checkpoint
 
@@ -113,7 +113,7 @@ def test_temporaries_of_a_write_killed_midway_are_removed_when_the_run_restarts(
         p.write_text("not the trainer's")
     assert len(io.stale_temp_files(run_dir, ck.OWN_FILES)) == 2
     res = train(cfg, run_dir, progress=False)
-    assert res["status"] == "ok" and res["steps"] == 12
+    assert res.status == "ok" and res.steps == 12
     assert io.stale_temp_files(run_dir, ck.OWN_FILES) == []
     assert all(p.exists() for p in others)  # other writers' temporaries are not the trainer's to remove
 

@@ -137,7 +137,7 @@ def test_sweep_evaluation_picks_the_best_run_per_cell_and_writes_the_axes_table(
     assert float(s0["knowledge_gap"]) == pytest.approx(float(s0["loss_bio_qa_unseen"]) - float(s0["loss_knowledge"]))
     # copies of one model: the same scores in every cell
     assert len({round(float(s["loss_knowledge"]), 9) for s in summary if s["r_eval"] == "2"}) == 1
-    assert out["summary_csv"] == sweep / "axes_summary.csv"
+    assert out.summary_csv == sweep / "axes_summary.csv"
     assert list((sweep / "C3e12/d64" / "eval").glob("*.json"))  # per-run caches
 
 
@@ -145,7 +145,7 @@ def test_extra_r_values_go_only_to_the_runs_picked(run_dir: Path, tmp_path: Path
     """`loopscale demo` runs test-time r on its top budget only (r_eval = 16 costs ~16/r times as much)."""
     sweep = _fake_sweep(tmp_path / "sweep", run_dir)
     out = evaluate_path(sweep, "dyck", r_values=[1, 3], r_values_where=lambda ref: ref.C == 3e12, limit=2)
-    got = {(row["run_id"], row["r_eval"]) for row in out["rows"]}
+    got = {(row["run_id"], row["r_eval"]) for row in out.rows}
     assert got == {
         ("C1e12/d64_b", 2),
         ("C1e+12_r2_d64_tbptt_s0", 2),
@@ -167,7 +167,7 @@ def test_cached_results_are_reused_on_a_second_run(run_dir: Path, tmp_path: Path
 
     monkeypatch.setattr(runs, "evaluate", boom)
     again = evaluate_path(d, FAST, limit=3)
-    assert again["summary"] == first["summary"]
+    assert again.summary == first.summary
     with pytest.raises(AssertionError, match="evaluated again"):
         evaluate_path(d, FAST, limit=3, use_cache=False)
 

@@ -392,8 +392,8 @@ def test_trainer_records_its_auto_micro_batch_and_refuses_a_run_that_cannot_fit(
     limit = (memory.train_peak(cfg.model, 2, rg).total + memory.train_peak(cfg.model, 4, rg).total) / 2
     monkeypatch.setattr(memory, "device_total_memory", lambda device: int(limit / memory.CPU_FRACTION) + 1)
     res = train(cfg, tmp_path / "run", progress=False)
-    assert res["status"] == "ok" and res["micro_batch"] == 2 and res["val_micro_batch"] >= 2
-    assert res["predicted_peak_bytes"] <= res["memory_limit_bytes"] and res["predicted_val_peak_bytes"] > 0
+    assert res.status == "ok" and res.micro_batch == 2 and res.val_micro_batch >= 2
+    assert res.predicted_peak_bytes <= res.memory_limit_bytes and res.predicted_val_peak_bytes > 0
     monkeypatch.setattr(memory, "device_total_memory", lambda device: 10**6)
     with pytest.raises(ConfigError, match=r"run\.micro_batch: auto: one row of 64 tokens needs .* usable") as err:
         train(cfg, tmp_path / "small", progress=False)

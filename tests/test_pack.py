@@ -203,9 +203,9 @@ def test_train_pack_writes_each_members_run_dir_as_train_would(tmp_path: Path) -
     ends = train_pack(cfgs, [tmp_path / f"p{i}" for i in range(3)])
     for i, (cfg, e) in enumerate(zip(cfgs, ends, strict=True)):
         solo = train(cfg, tmp_path / f"s{i}", progress=False)
-        assert e.kind == "result" and e.result is not None and e.result["status"] == "ok"
+        assert e.kind == "result" and e.result is not None and e.result.status == "ok"
         res = e.result
-        assert res["hardware"]["pack"]["size"] == 3
+        assert res.hardware["pack"]["size"] == 3
         for key in ("steps", "D", "C", "flops", "N_once", "N_rec", "micro_batch", "predicted_peak_bytes"):
             assert res[key] == solo[key], key
         assert sorted(p.name for p in (tmp_path / f"p{i}").iterdir()) == sorted(
@@ -213,9 +213,9 @@ def test_train_pack_writes_each_members_run_dir_as_train_would(tmp_path: Path) -
         )
         packed, alone = _metrics(tmp_path / f"p{i}"), _metrics(tmp_path / f"s{i}")
         if bitwise_here():
-            assert res["val_loss"] == solo["val_loss"] and packed == alone
+            assert res.val_loss == solo.val_loss and packed == alone
         else:
-            assert res["val_loss"] == pytest.approx(solo["val_loss"], rel=1e-3)
+            assert res.val_loss == pytest.approx(solo.val_loss, rel=1e-3)
         # finished: asked again, the pack returns the result without training
     again = train_pack(cfgs, [tmp_path / f"p{i}" for i in range(3)])
     assert [e.result for e in again] == [json.loads((tmp_path / f"p{i}" / "result.json").read_text()) for i in range(3)]
@@ -228,19 +228,19 @@ def test_a_diverging_and_a_failing_member_are_set_aside_and_the_others_finish(tm
     cfgs[0] = _train_cfg("optim.lr_scale=1e30", steps=10, seed=0)  # non-finite within a few steps on any CPU
     cfgs[1] = _train_cfg("optim.lr_scale=2.0", "run.fail_at_step=5", steps=14, seed=1)
     ends = train_pack(cfgs, [tmp_path / f"p{i}" for i in range(3)])
-    assert ends[0].kind == "result" and ends[0].result is not None and ends[0].result["status"] == "diverged"
-    assert "at step" in ends[0].result["error"]
+    assert ends[0].kind == "result" and ends[0].result is not None and ends[0].result.status == "diverged"
+    assert "at step" in ends[0].result.error
     assert ends[1].kind == "failed" and "injected failure at step 5" in ends[1].error
     failed = json.loads((tmp_path / "p1" / "result.json").read_text())
     assert failed["status"] == "failed" and "Traceback" in failed["traceback"]
     assert (tmp_path / "p1" / "ckpt.pt").exists()  # its retry resumes from step 4
-    assert ends[2].kind == "result" and ends[2].result is not None and ends[2].result["status"] == "ok"
+    assert ends[2].kind == "result" and ends[2].result is not None and ends[2].result.status == "ok"
     alone = train_pack([cfgs[2]], [tmp_path / "alone"])[0].result
     assert alone is not None
     if bitwise_here():
-        assert ends[2].result["val_loss"] == alone["val_loss"]
+        assert ends[2].result.val_loss == alone.val_loss
     else:
-        assert ends[2].result["val_loss"] == pytest.approx(alone["val_loss"], rel=1e-3)
+        assert ends[2].result.val_loss == pytest.approx(alone.val_loss, rel=1e-3)
 
 
 def _interrupt_at(step: int):
@@ -264,20 +264,20 @@ def test_a_signal_checkpoints_every_member_and_the_resumed_pack_is_bitwise_the_u
     resumed = train_pack(cfgs, dirs)
     for a, b, d, u in zip(resumed, straight, dirs, range(3), strict=True):
         assert a.result is not None and b.result is not None
-        assert a.result["val_loss"] == b.result["val_loss"]  # packed against packed: no tolerance
+        assert a.result.val_loss == b.result.val_loss  # packed against packed: no tolerance
         assert _metrics(d) == _metrics(tmp_path / f"u{u}")
     # a packed member's checkpoint is a solo run's: the solo trainer resumes it
     solo_dirs = [tmp_path / f"solo{i}" for i in range(2)]
     train_pack(cfgs[:2], solo_dirs, on_step=[_interrupt_at(5), None])
     for i, d in enumerate(solo_dirs):
         res = train(cfgs[i], d, progress=False)
-        assert res["status"] == "ok" and res["steps"] == cfgs[i].run.steps
+        assert res.status == "ok" and res.steps == cfgs[i].run.steps
         ref = straight[i].result
         assert ref is not None
         if bitwise_here():
-            assert res["val_loss"] == ref["val_loss"]
+            assert res.val_loss == ref["val_loss"]
         else:
-            assert res["val_loss"] == pytest.approx(ref["val_loss"], rel=1e-3)
+            assert res.val_loss == pytest.approx(ref["val_loss"], rel=1e-3)
 
 
 def test_a_pack_resumes_a_solo_runs_checkpoint(tmp_path: Path) -> None:
@@ -290,11 +290,11 @@ def test_a_pack_resumes_a_solo_runs_checkpoint(tmp_path: Path) -> None:
     ends = train_pack(cfgs[:2], [tmp_path / "m0", tmp_path / "m1"])
     alone = train(cfgs[1], tmp_path / "alone", progress=False)
     res = ends[1].result
-    assert res is not None and res["steps"] == 14
+    assert res is not None and res.steps == 14
     if bitwise_here():
-        assert res["val_loss"] == alone["val_loss"]
+        assert res.val_loss == alone.val_loss
     else:
-        assert res["val_loss"] == pytest.approx(alone["val_loss"], rel=1e-3)
+        assert res.val_loss == pytest.approx(alone.val_loss, rel=1e-3)
 
 
 def test_members_resumed_at_different_steps_train_on_together(tmp_path: Path) -> None:
@@ -306,11 +306,11 @@ def test_members_resumed_at_different_steps_train_on_together(tmp_path: Path) ->
     ends = train_pack(cfgs, dirs)
     straight = train_pack(cfgs, [tmp_path / f"u{i}" for i in range(3)])
     for a, b in zip(ends, straight, strict=True):
-        assert a.result is not None and b.result is not None and a.result["status"] == "ok"
+        assert a.result is not None and b.result is not None and a.result.status == "ok"
         if bitwise_here():
-            assert a.result["val_loss"] == b.result["val_loss"]
+            assert a.result.val_loss == b.result.val_loss
         else:
-            assert a.result["val_loss"] == pytest.approx(b.result["val_loss"], rel=1e-3)
+            assert a.result.val_loss == pytest.approx(b.result.val_loss, rel=1e-3)
 
 
 # ---- grouping and the flag ------------------------------------------------------------------------------------

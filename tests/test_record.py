@@ -69,7 +69,7 @@ OK_KEYS = [
     "predicted_val_peak_bytes",
     "memory_limit_bytes",
 ]
-#: the accounting and template fields (``train.loop.result_fields``), a run of OK_KEYS
+#: the accounting and template fields (``train.result.result_fields``), a run of OK_KEYS
 ACCOUNTING_KEYS = OK_KEYS[OK_KEYS.index("r") : OK_KEYS.index("hc_lanes") + 1]
 
 #: the runs table's columns and dtypes before RunRecord (sweep/collect.py's COLUMNS then EXTRA): pinned
@@ -152,7 +152,7 @@ def test_a_diverged_run_records_its_error_last(tmp_path: Path, monkeypatch: pyte
         LoopedLM, "forward", lambda self, idx, targets=None, **kw: forward(self, idx, targets, **kw) * math.nan
     )
     res = train(cfg_with(steps=6), tmp_path / "run", progress=False)
-    assert res["status"] == "diverged" and list(res) == [*OK_KEYS, "error"] and res["val_loss"] is None
+    assert res.status == "diverged" and list(res) == [*OK_KEYS, "error"] and res.val_loss is None
     assert record_problem(res) is None
 
 

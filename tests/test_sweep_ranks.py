@@ -14,6 +14,7 @@ import pytest
 import submitit
 
 from conftest import OK_RESULT, tiny_sweep_spec
+from loopscale.record import RunRecord
 from loopscale.sweep import prepare, spec_from_dict
 from loopscale.sweep.attempt import runnable
 from loopscale.sweep.slurm import SlurmSettings, SweepTask, make_executor, submit
@@ -195,7 +196,7 @@ def test_rank_0_records_one_failure_naming_each_rank_that_failed_first_one_first
     assert silent.error.endswith("rank 1: no report within 5 s (stuck in a collective?)")
     config = _combine(own, {1: {**cause[1], "kind": "config", "error": "ConfigError: bad"}}, 5)
     assert config.kind == "config"  # recorded as not retryable
-    ok = _Ending("result", result={"status": "ok"})
+    ok = _Ending("result", result=RunRecord(status="ok"))
     assert _combine(ok, {1: None}, 5) is ok  # rank 0 passed the final barrier: the run finished
     assert (
         _combine(own, {1: {"kind": "interrupted", "error": "", "traceback": "", "ended": 1.0}}, 5).kind == "interrupted"

@@ -65,9 +65,9 @@ def test_a_technique_rewriting_a_builtin_has_the_builtins_accounting_and_trains_
     own = train(
         load_train_config(None, [*base, f'model.technique="{FIX}:LinearAgain"']), tmp_path / "own", progress=False
     )
-    assert own["val_loss"] == builtin["val_loss"] and own["N_rec"] == builtin["N_rec"]
-    assert own["technique"].endswith("LinearAgain") and len(own["technique_sha256"]) == 64
-    assert own["injection"] is None and builtin["injection"] == "linear" and "technique" not in builtin
+    assert own.val_loss == builtin.val_loss and own.N_rec == builtin.N_rec
+    assert own.technique.endswith("LinearAgain") and len(own.technique_sha256) == 64
+    assert own.injection is None and builtin.injection == "linear" and "technique" not in builtin
 
 
 def test_the_shipped_example_declares_what_it_measures_and_runs_its_gates_in_the_scalar_group() -> None:
@@ -194,7 +194,7 @@ def test_a_technique_run_killed_mid_way_resumes_to_the_same_bits_and_refuses_edi
         train(load_train_config(path), tmp_path / "killed", progress=False)
     own.write_text(own.read_text().replace("gate_init: float = 3.0", "gate_init: float = 2.0"))
     resumed = train(load_train_config(path), tmp_path / "killed", progress=False)
-    assert resumed["val_loss"] == straight["val_loss"] and resumed["technique_sha256"] == straight["technique_sha256"]
+    assert resumed.val_loss == straight.val_loss and resumed.technique_sha256 == straight.technique_sha256
 
 
 def test_a_tiny_sweep_of_the_example_beside_the_baseline_is_trained_collected_and_fitted_to_a_delta_phi(
@@ -256,4 +256,4 @@ def test_a_refused_technique_writes_no_run_dir_so_the_fixed_config_trains_there(
     result = train(
         load_train_config(_tiny_run_config(tmp_path, "gated_loop", steps=6, ckpt_every=5)), out, progress=False
     )
-    assert result["status"] == "ok" and result["technique"] == "gated_loop"
+    assert result.status == "ok" and result.technique == "gated_loop"

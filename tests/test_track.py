@@ -67,7 +67,7 @@ def test_wandb_gets_the_final_val_loss_sweep_labels_and_env_project(
     assert init["group"] == "study-1" and init["tags"] == ["C=2e+09", "r=2", "variant=main"]
     assert init["id"].startswith("C2e9-r2-d32-") and init["id"] == (run_dir / "wandb_id").read_text().strip()
     final, step = wandb.logged[-1]
-    assert step == 10 and final["val_loss"] == pytest.approx(res["val_loss"])
+    assert step == 10 and final["val_loss"] == pytest.approx(res.val_loss)
     assert wandb.finished == 1 and all("train_loss" in d for d, _ in wandb.logged[:-1])
 
 
@@ -94,7 +94,7 @@ def test_wandb_settings_are_not_part_of_the_run_identity(tmp_path: Path, wandb: 
     run_dir = tmp_path / "run"
     train(cfg_with("run.track=wandb", steps=10), run_dir, progress=False)
     again = train(cfg_with("run.track=wandb", "run.wandb_project=elsewhere", steps=10), run_dir, progress=False)
-    assert again["status"] == "ok"  # the finished run, not a refusal for a different config
+    assert again.status == "ok"  # the finished run, not a refusal for a different config
 
 
 def test_tensorboard_gets_the_final_val_loss(tmp_path: Path, monkeypatch) -> None:
@@ -114,5 +114,5 @@ def test_tensorboard_gets_the_final_val_loss(tmp_path: Path, monkeypatch) -> Non
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=Writer))
     res = train(cfg_with("run.track=tensorboard", steps=10), tmp_path / "run", progress=False)
     vals = [(v, s) for k, v, s in scalars if k == "val_loss"]
-    assert vals == [(pytest.approx(res["val_loss"]), 10)] and closed == [True]
+    assert vals == [(pytest.approx(res.val_loss), 10)] and closed == [True]
     assert scalars.index(next(x for x in scalars if x[0] == "val_loss")) > 0  # after the training records

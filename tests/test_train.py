@@ -51,8 +51,8 @@ def test_tiny_looped_model_learns_far_below_unigram_entropy(tmp_path: Path) -> N
     cfg = cfg_with(r=4, steps=150)
     res = train(cfg, tmp_path / "run", progress=False)
     entropy = build_default(cfg.data).describe()["train"]["unigram_entropy_nats"]
-    assert res["status"] == "ok"
-    assert res["val_loss"] < entropy - 0.4, (res["val_loss"], entropy)
+    assert res.status == "ok"
+    assert res.val_loss < entropy - 0.4, (res.val_loss, entropy)
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert lines[0]["train_loss"] > lines[-2]["train_loss"]
     assert {"step", "tokens", "lr_mult", "train_loss", "tokens_per_s", "flops_per_s"} <= set(lines[0])
@@ -83,8 +83,8 @@ def test_failure_is_recorded_with_its_error(tmp_path: Path) -> None:
     with pytest.raises(TrainingFailed, match="injected failure"):
         train(cfg_with("run.fail_at_step=3"), tmp_path / "run", progress=False)
     res = read_result(tmp_path / "run")
-    assert res["status"] == "failed" and "injected failure at step 3" in res["error"]
-    assert "Traceback" in res["traceback"] and res["N_once"] > 0
+    assert res.status == "failed" and "injected failure at step 3" in res.error
+    assert "Traceback" in res.traceback and res.N_once > 0
 
 
 def test_nan_loss_stops_the_run_as_diverged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,8 +100,8 @@ def test_nan_loss_stops_the_run_as_diverged(tmp_path: Path, monkeypatch: pytest.
 
     monkeypatch.setattr(LoopedLM, "forward", poisoned)
     res = train(cfg_with(steps=20), tmp_path / "run", progress=False)
-    assert res["status"] == "diverged" and res["val_loss"] is None and res["steps"] == 5
-    assert "non-finite" in res["error"]
+    assert res.status == "diverged" and res.val_loss is None and res.steps == 5
+    assert "non-finite" in res.error
 
 
 def test_r1_and_r8_consume_identical_token_streams(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -154,7 +154,7 @@ def test_sigkill_then_resume_gives_bitwise_the_same_val_loss(tmp_path: Path) -> 
     proc.wait()
     assert read_result(tmp_path / "killed") is None
     resumed = train(cfg, tmp_path / "killed", progress=False)
-    assert resumed["val_loss"] == straight["val_loss"]
+    assert resumed.val_loss == straight.val_loss
     steps = [json.loads(x)["step"] for x in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
     assert steps == sorted(steps) and len(steps) == len(set(steps)) + 1  # the final line repeats the last step
 
@@ -218,8 +218,8 @@ def test_a_signal_in_the_final_evaluation_stops_and_the_rerun_only_evaluates(
     monkeypatch.setattr(TokenData, "batch", no_training)
     resumed = train(cfg, tmp_path / "run", progress=False)
     monkeypatch.setattr(TokenData, "batch", batches)
-    assert resumed["val_loss"] == straight["val_loss"] and resumed["val_loss_se"] == straight["val_loss_se"]
-    assert resumed["train_loss"] == straight["train_loss"] and resumed["steps"] == 12
+    assert resumed.val_loss == straight.val_loss and resumed.val_loss_se == straight.val_loss_se
+    assert resumed.train_loss == straight.train_loss and resumed.steps == 12
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [5, 10, 12, 12] and lines[-1]["final"]
     assert not (tmp_path / "run" / "ckpt.pt").exists()  # removed once finished (keep_checkpoint = false)
@@ -228,19 +228,19 @@ def test_a_signal_in_the_final_evaluation_stops_and_the_rerun_only_evaluates(
 def test_the_last_step_is_checkpointed_before_the_final_evaluation(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from loopscale.train import loop
+    from loopscale.train import validate
 
     seen: list[int | None] = []
-    stats = loop.val_loss_stats
+    stats = validate.val_loss_stats
 
     def spy(*a, **kw):
         state = torch.load(tmp_path / "run" / "ckpt.pt", weights_only=False)
         seen.append(state["step"])
         return stats(*a, **kw)
 
-    monkeypatch.setattr(loop, "val_loss_stats", spy)
+    monkeypatch.setattr(validate, "val_loss_stats", spy)
     res = train(cfg_with("run.ckpt_every=0", "run.keep_checkpoint=true", steps=8), tmp_path / "run", progress=False)
-    assert seen == [8] and res["status"] == "ok"
+    assert seen == [8] and res.status == "ok"
 
 
 @pytest.mark.parametrize(
@@ -299,14 +299,14 @@ def test_torchrun_two_cpu_processes_reproduce_the_single_process_curve(tmp_path:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ddp = read_result(tmp_path / "ddp")
-    assert ddp["world_size"] == 2 and ddp["status"] == "ok"
+    assert ddp.world_size == 2 and ddp.status == "ok"
 
     def curve(run: str) -> list[float]:
         rows = [json.loads(x) for x in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
         return [r["train_loss"] for r in rows if "train_loss" in r]
 
     assert curve("ddp") == pytest.approx(curve("single"), rel=1e-4, abs=1e-5)
-    assert ddp["val_loss"] == pytest.approx(single["val_loss"], rel=1e-4)
+    assert ddp.val_loss == pytest.approx(single.val_loss, rel=1e-4)
 
 
 def test_two_node_torchrun_rendezvous_matches_the_single_process_curve(tmp_path: Path) -> None:
@@ -349,7 +349,7 @@ def test_two_node_torchrun_rendezvous_matches_the_single_process_curve(tmp_path:
         _out, err = node.communicate(timeout=300)
         assert node.returncode == 0, err[-3000:]
     multi = read_result(tmp_path / "multi")
-    assert multi["world_size"] == 2 and multi["status"] == "ok"
+    assert multi.world_size == 2 and multi.status == "ok"
     rows = [json.loads(x) for x in (tmp_path / "multi" / "metrics.jsonl").read_text().splitlines()]
     assert len([r for r in rows if "train_loss" in r]) == len(  # one writer: no duplicated log lines
         [
@@ -358,7 +358,7 @@ def test_two_node_torchrun_rendezvous_matches_the_single_process_curve(tmp_path:
             if "train_loss" in r
         ]
     )
-    assert multi["val_loss"] == pytest.approx(single["val_loss"], rel=1e-4)
+    assert multi.val_loss == pytest.approx(single.val_loss, rel=1e-4)
 
 
 def test_resolved_config_round_trips_through_toml_including_nulls(tmp_path: Path) -> None:
@@ -370,7 +370,7 @@ def test_resolved_config_round_trips_through_toml_including_nulls(tmp_path: Path
 def test_val_loss_stats_are_the_mean_and_the_standard_error_over_rows() -> None:
     from loopscale.config import ModelConfig
     from loopscale.model import LoopedLM
-    from loopscale.train.loop import val_loss_stats
+    from loopscale.train.validate import val_loss_stats
 
     torch.manual_seed(0)
     model = LoopedLM(ModelConfig(**{**TINY_MODEL, "r": 2}))

@@ -12,13 +12,13 @@ from loopscale.errors import ConfigError
 from loopscale.train.loop import (
     Batching,
     Step,
-    Validator,
     diverged,
     should_checkpoint,
     should_log,
     should_validate,
     train_step,
 )
+from loopscale.train.validate import Validator
 from test_train import cfg_with
 
 

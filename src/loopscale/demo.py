@@ -114,8 +114,8 @@ def run_demo(
         runs_csv,
         out / "report",
         fit=fit_path,
-        axes=ev["axes_csv"],
-        headline_extra=lambda ctx: _demo_numbers(ctx, table, ev, time.time() - t0),
+        axes=ev.axes_csv,
+        headline_extra=lambda ctx: _demo_numbers(ctx, table, ev.summary, time.time() - t0),
     )
     atomic_write_json(out / "headline.json", report.headline)
     _print_headline(con, report.headline, axes_table(report.ctx))
@@ -171,7 +171,7 @@ def _sweep(spec: Any, store: Any, *, progress: bool, console: Console, slots: in
             raise DemoBusy(busy_message(store, summary.outcomes["busy"]))
 
 
-def _demo_numbers(ctx: Any, runs: Any, ev: dict[str, Any], wall: float) -> dict[str, Any]:
+def _demo_numbers(ctx: Any, runs: Any, axes_summary: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     """What the demo adds to the report's headline record (``report.build.headline_record``: the plain sentences,
     every variant's verdict with its quoted interval and method, every Δφ by its leading reading): R² against the
     restricted fits, the loss gap to r = 1 per cell, the axes, the wall time up to the report."""
@@ -186,7 +186,7 @@ def _demo_numbers(ctx: Any, runs: Any, ev: dict[str, Any], wall: float) -> dict[
         if r != 1 and (c, 1) in best.index:
             gaps.setdefault(str(int(r)), {})[f"{c:.3g}"] = float(loss - best[(c, 1)])
     axes: dict[str, dict[int, list[float]]] = {}
-    for row in ev["summary"]:
+    for row in axes_summary:
         if row.get("r_eval") != row.get("r"):
             continue  # test-time recurrence points are in the report, not the headline
         for axis in AXES:

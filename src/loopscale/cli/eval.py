@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from loopscale.cli.app import app, console, err_console
+
+if TYPE_CHECKING:
+    from loopscale.eval.runs import Evaluation
 
 AXES = ("knowledge", "reading", "math", "reasoning", "symbolic")
 
@@ -68,9 +71,9 @@ def _list_tasks() -> None:
     console.print("groups: " + "; ".join(f"{g} ({len(v)} tasks)" for g, v in GROUPS.items()))
 
 
-def _print_run(out: dict[str, Any]) -> None:
-    ref = out["runs"][0]
-    results = out["results"][ref.run_id]
+def _print_run(out: Evaluation) -> None:
+    ref = out.runs[0]
+    results = out.results[ref.run_id]
     table = Table(
         title=f"{ref.run_id} - r = {ref.r}, d = {ref.d_model}, val_loss {_f(ref.val_loss)}; loss in nats per gold token"
     )
@@ -107,11 +110,11 @@ def _print_run(out: dict[str, Any]) -> None:
         )
 
 
-def _print_sweep(out: dict[str, Any]) -> None:
-    table = Table(title=f"loopscale eval - {len(out['runs'])} runs, loss in nats/token (accuracy)")
+def _print_sweep(out: Evaluation) -> None:
+    table = Table(title=f"loopscale eval - {len(out.runs)} runs, loss in nats/token (accuracy)")
     for c in ("variant", "C", "r", "d", "r_eval", "val_loss", *AXES, "overall", "gap"):
         table.add_column(c, justify="right")
-    for s in out["summary"]:
+    for s in out.summary:
         axes = [
             f"{_f(s.get(f'loss_{a}'))} ({_f(s.get(f'acc_{a}'), 2)})" if s.get(f"loss_{a}") is not None else "-"
             for a in AXES
@@ -223,13 +226,13 @@ def eval_(
             on_run=on_run,
             log=log,
         )
-    for note in result["notes"]:
+    for note in result.notes:
         err_console.print(f"note: {note}", highlight=False)
     if as_json:
-        console.print_json(json.dumps(result["summary"], default=str))
+        console.print_json(json.dumps(result.summary, default=str))
         return
-    if len(result["runs"]) == 1:
+    if len(result.runs) == 1:
         _print_run(result)
     else:
         _print_sweep(result)
-    console.print(f"wrote {result['axes_csv']} and {result['summary_csv']}", highlight=False)
+    console.print(f"wrote {result.axes_csv} and {result.summary_csv}", highlight=False)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
 
 from loopscale.cli.app import app, console
 from loopscale.errors import LoopscaleError
+
+if TYPE_CHECKING:
+    from loopscale.record import RunRecord
 
 
 class RunNotOk(LoopscaleError):
@@ -75,24 +78,22 @@ def train(
         progress_every=progress_every,
     )
     if int(os.environ.get("RANK", "0")) == 0:
-        vl = res.get("val_loss")
+        vl = res.val_loss
         console.print(
-            f"{run_dir}: status {res['status']}, val loss {vl:.4f} nats/token"
+            f"{run_dir}: status {res.status}, val loss {vl:.4f} nats/token"
             if vl is not None
-            else f"{run_dir}: status {res['status']} ({res.get('error', '')})",
+            else f"{run_dir}: status {res.status} ({res.error or ''})",
             highlight=False,
         )
         console.print(
-            f"  {res['steps']} steps, {res['D']:.4g} tokens, {res['flops']:.4g} FLOPs, {res['wall_s']:.1f} s",
+            f"  {res.steps} steps, {res.D or 0:.4g} tokens, {res.flops or 0:.4g} FLOPs, {res.wall_s or 0:.1f} s",
             highlight=False,
         )
-    if res["status"] != "ok":
-        raise RunNotOk(
-            f"{run_dir}: the run {res['status']} ({res.get('error', '')}); recorded in {run_dir / 'result.json'}"
-        )
+    if res.status != "ok":
+        raise RunNotOk(f"{run_dir}: the run {res.status} ({res.error or ''}); recorded in {run_dir / 'result.json'}")
 
 
-def _train_locked(run_training: Any, cfg: Any, run_dir: Path, **kw: Any) -> dict[str, Any]:
+def _train_locked(run_training: Any, cfg: Any, run_dir: Path, **kw: Any) -> RunRecord:
     """Train holding the run dir's lock (``loopscale.locks``, the sweeps' own): a second `loopscale train`, or
     one into a run a sweep is training, is refused instead of training the same steps twice. Under torchrun
     rank 0 holds it for every rank."""

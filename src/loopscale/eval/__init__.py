@@ -15,7 +15,7 @@
 """
 
 from loopscale.eval.runner import EvalResult, ItemScore, TaskScore, evaluate
-from loopscale.eval.runs import evaluate_path, evaluate_run, find_runs
+from loopscale.eval.runs import Evaluation, evaluate_path, evaluate_run, find_runs
 from loopscale.eval.scoring import Continuation, greedy_generate, score_continuations
 from loopscale.eval.tasks import GROUPS, REGISTRY, TaskSpec, resolve_tasks
 
@@ -24,6 +24,7 @@ __all__ = [
     "REGISTRY",
     "Continuation",
     "EvalResult",
+    "Evaluation",
     "ItemScore",
     "TaskScore",
     "TaskSpec",

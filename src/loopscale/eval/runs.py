@@ -440,6 +440,20 @@ def write_tables(out_dir: str | Path, rows: list[dict[str, Any]], summary: list[
     return a, s
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """What ``evaluate_path`` evaluated and wrote: the long and summary rows (as in the CSVs), each run's
+    ``EvalResult`` per r_eval, the notes, the runs, and the two tables' paths."""
+
+    rows: list[dict[str, Any]]  # axes.csv's rows: one per (run, r_eval, task)
+    summary: list[dict[str, Any]]  # axes_summary.csv's rows: one per (run, r_eval)
+    results: dict[str, list[EvalResult]]  # run_id -> one EvalResult per r_eval
+    notes: list[str]
+    runs: list[RunRef]
+    axes_csv: Path
+    summary_csv: Path
+
+
 def evaluate_path(
     path: str | Path,
     tasks: str | Sequence[str] = "world",
@@ -458,15 +472,14 @@ def evaluate_path(
     progress: Callable[[str, int, int], None] | None = None,
     on_run: Callable[[RunRef, int, int], None] | None = None,
     log: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
+) -> Evaluation:
     """Evaluate a run dir (or its model.safetensors) or every selected run of a sweep dir; write the tables.
 
     ``r_values_where`` picks the runs that get the extra ``r_values`` (default: all): a run at r_eval = 16 costs
     up to 16/r times its training-r evaluation, so a cheap test-time study (``loopscale demo``) evaluates
     only the runs the report's test-time figure shows.
 
-    Returns ``{"rows", "summary", "results", "notes", "runs", "axes_csv", "summary_csv"}`` where
-    ``results[run_id]`` holds the run's ``EvalResult`` per r_eval.
+    Returns an ``Evaluation``: ``.results[run_id]`` holds the run's ``EvalResult`` per r_eval.
     """
     p = Path(path)
     if not p.exists():
@@ -503,12 +516,4 @@ def evaluate_path(
         summary += summary_rows(ref, results)
     target = Path(out_dir) if out_dir is not None else _run_dir(p)
     a, s = write_tables(target, rows, summary)
-    return {
-        "rows": rows,
-        "summary": summary,
-        "results": per_run,
-        "notes": notes,
-        "runs": refs,
-        "axes_csv": a,
-        "summary_csv": s,
-    }
+    return Evaluation(rows, summary, per_run, notes, refs, a, s)

@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loopscale.errors import ConfigError
+
+if TYPE_CHECKING:
+    from loopscale.record import RunRecord
 
 MODELING = "modeling_loopscale.py"
 BOS = "<|bos|>"
@@ -116,7 +119,7 @@ def _tokenizer_files(cfg: Any) -> tuple[str, str, int]:
     return Path(cfg.data.tokenizer).read_text(encoding="utf-8"), tok.bos_token, tok.bos_id
 
 
-def model_card(cfg: Any, run_dir: Path, result: dict[str, Any] | None) -> str:
+def model_card(cfg: Any, run_dir: Path, result: RunRecord | None) -> str:
     m = cfg.model
     looped = m.r > 1 or m.r1_looped
     layout = (
@@ -124,7 +127,7 @@ def model_card(cfg: Any, run_dir: Path, result: dict[str, Any] | None) -> str:
         if looped
         else f"{m.L_eff} unique blocks (the plain, non-looped r = 1 baseline)"
     )
-    val = result.get("val_loss") if result else None
+    val = result.val_loss if result is not None else None
     lines = [
         "---",
         "library_name: transformers",
@@ -149,8 +152,8 @@ def model_card(cfg: Any, run_dir: Path, result: dict[str, Any] | None) -> str:
     ]
     if val is not None:
         lines.append(f"| validation loss | {val:.4f} nats/token |")
-    if result and result.get("val_bpb") is not None:
-        lines.append(f"| validation bits per byte | {result['val_bpb']:.4f} |")
+    if result is not None and result.val_bpb is not None:
+        lines.append(f"| validation bits per byte | {result.val_bpb:.4f} |")
     lines += [
         "",
         "## Load",
@@ -215,7 +218,7 @@ def _write_hf(out: Path, model: Any, cfg: Any, run_dir: Path, tok_json: str, bos
 
     from loopscale.io import atomic_write_bytes, atomic_write_text
     from loopscale.train.checkpoint import CONFIG
-    from loopscale.train.loop import read_result
+    from loopscale.train.rundir import read_result
 
     # every file goes through a temporary file and a rename: a symlink in OUT is replaced, never written through
     atomic_write_bytes(out / "model.safetensors", save(unpadded_state_dict(model), metadata={"format": "pt"}))

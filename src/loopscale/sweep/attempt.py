@@ -106,7 +106,7 @@ class _Ending:
     """How train() ended on one rank: a result, an interrupt, or a failure (kind config/failed/error)."""
 
     kind: str
-    result: dict[str, Any] | None = None
+    result: RunRecord | None = None
     error: str = ""
     traceback: str = ""
     wall_s: float = 0.0
@@ -228,10 +228,13 @@ def _settle(store: SweepStore, rs: Any, att: dict[str, Any], ending: _Ending, ma
         assert ending.exc is not None
         raise ending.exc
     if ending.kind == "result":
-        res = ending.result or {}
-        status = str(res.get("status"))
+        res = ending.result
+        status = str(res.status if res is not None else None)
         store.event(
-            "done" if status == "ok" else status, run_id, val_loss=res.get("val_loss"), wall_s=res.get("wall_s")
+            "done" if status == "ok" else status,
+            run_id,
+            val_loss=res.val_loss if res is not None else None,
+            wall_s=res.wall_s if res is not None else None,
         )
         return "done" if status == "ok" else ("diverged" if status == "diverged" else "failed")
     if ending.kind == "config":
@@ -240,16 +243,16 @@ def _settle(store: SweepStore, rs: Any, att: dict[str, Any], ending: _Ending, ma
     if ending.kind == "failed":
         from loopscale.train import read_result
 
-        rec = read_result(store.run_dir(run_id)) or {}
+        rec = read_result(store.run_dir(run_id))
         record_failure(
             store,
             rs,
             att,
-            str(rec.get("error", "failed")),
-            rec.get("traceback", ""),
+            str(rec.error if rec is not None and rec.error is not None else "failed"),
+            (rec.traceback or "") if rec is not None else "",
             retryable=True,
             wall_s=ending.wall_s,
-            write_result=not rec,
+            write_result=rec is None,
         )
     else:
         record_failure(store, rs, att, ending.error, ending.traceback, retryable=True, wall_s=ending.wall_s)
@@ -268,7 +271,7 @@ def record_failure(
     write_result: bool = True,
 ) -> None:
     """Count the failure in attempts.json; write result.json (status failed) if the trainer did not."""
-    from loopscale.train.loop import result_fields
+    from loopscale.train.result import result_fields
 
     att["failures"] = int(att.get("failures", 0)) + 1
     att["retryable"] = retryable

@@ -1,7 +1,8 @@
 """One training run: config -> run dir with metrics.jsonl, checkpoints, weights and result.json.
 
-The trainer composes small parts (config, batches, model, optim, checkpoint, hardware) and owns
-only the loop. Contract with the rest of loopscale:
+The trainer composes small parts and owns only the loop: the run dir's lifecycle is ``train.rundir``'s, the
+validation ``train.validate``'s, the micro-batches ``train.microbatch``'s, the record's columns ``train.result``'s
+and the progress line ``train.progress``'s. Contract with the rest of loopscale:
 
 * ``result.json`` is written (atomically) exactly when the run reaches a terminal status:
   ``ok``, ``diverged`` (non-finite or exploding loss) or ``failed`` (an exception, recorded with
@@ -16,8 +17,7 @@ from __future__ import annotations
 import math
 import signal
 import time
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +27,7 @@ import torch
 
 from loopscale import accounting
 from loopscale.errors import ConfigError, LoopscaleError
-from loopscale.io import append_jsonl, atomic_write_json, atomic_write_text, read_jsonl
+from loopscale.io import append_jsonl, atomic_write_text, read_jsonl
 from loopscale.model import LoopedLM, cpu_kernels
 from loopscale.optim import build_optimizers
 from loopscale.record import RunRecord
@@ -47,11 +47,12 @@ from loopscale.train.hardware import (
     versions,
 )
 from loopscale.train.microbatch import MicroBatches
+from loopscale.train.progress import ProgressBar
+from loopscale.train.result import failure_record, result_fields
+from loopscale.train.rundir import METRICS, prepare_dir, read_result, write_record, write_result
 from loopscale.train.settings import TrainConfig
 from loopscale.train.track import make_tracker
-
-RESULT = "result.json"
-METRICS = "metrics.jsonl"
+from loopscale.train.validate import EvalStopped, Validator, ValStats, any_rank, val_token_bytes
 
 
 class RunInterrupted(LoopscaleError):
@@ -69,183 +70,6 @@ class TrainingFailed(LoopscaleError):
     exit_code = 1
 
 
-def read_result(run_dir: Path) -> dict[str, Any] | None:
-    import json
-
-    p = Path(run_dir) / RESULT
-    if not p.exists():
-        return None
-    try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def _config_text(cfg: TrainConfig) -> str:
-    return rundir.config_text(cfg)
-
-
-def prepare_dir(run_dir: Path, cfg: TrainConfig, is_main: bool) -> None:
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        rundir.check_run_dir(run_dir, cfg)  # again: another process may have written it meanwhile
-        if is_main:
-            atomic_write_text(run_dir / ck.CONFIG, _config_text(cfg))
-            if cfg.model.technique is not None:  # the code's version, so a resume cannot pick up edited code
-                from loopscale import technique
-
-                atomic_write_text(run_dir / rundir.TECHNIQUE_HASH, f"{technique.source_sha256(cfg.model)}\n")
-    except OSError as exc:
-        raise ConfigError("--out", f"cannot write the run dir: {exc.strerror or exc}", value=str(run_dir)) from None
-
-
-def evaluate_loss(
-    model: torch.nn.Module,
-    rows: torch.Tensor,
-    *,
-    micro_batch: int,
-    device: torch.device,
-    dtype: str,
-    dist_world: int = 1,
-    rank: int = 0,
-) -> float:
-    """Mean next-token loss (nats/token) over validation rows, sharded across ranks."""
-    return val_loss_stats(
-        model, rows, micro_batch=micro_batch, device=device, dtype=dtype, dist_world=dist_world, rank=rank
-    ).loss
-
-
-class ValStats(NamedTuple):
-    """The validation estimate: mean loss (nats/token), its standard error over rows, bits per byte."""
-
-    loss: float
-    se: float
-    bpb: float | None = None
-
-
-class EvalStopped(Exception):
-    """``stop()`` said yes between validation batches (on any rank)."""
-
-
-@torch.no_grad()
-def val_loss_stats(
-    model: torch.nn.Module,
-    rows: torch.Tensor,
-    *,
-    micro_batch: int,
-    device: torch.device,
-    dtype: str,
-    dist_world: int = 1,
-    rank: int = 0,
-    stop: Callable[[], bool] | None = None,
-    token_bytes: torch.Tensor | None = None,
-) -> ValStats:
-    """(mean loss, its standard error over rows, bits per byte): the validation estimate and its own sampling noise.
-
-    Every run of a sweep is scored on the same rows, so this noise is shared by all runs (it shifts
-    them together); it bounds how finely one run's loss is known, not the difference between runs.
-    ``stop`` is asked before every batch (the ranks agree); a yes raises ``EvalStopped``. ``token_bytes``
-    (UTF-8 bytes per id, ``loopscale.data.token_bytes``) adds bits per byte: the nats of targets with bytes over
-    ln 2 x their bytes (nanochat's convention); without it ``bpb`` is None.
-    """
-    was_training = model.training
-    model.eval()
-    # loss sum, tokens, sum and sum^2 of row means, nats of targets with bytes, their bytes
-    total = torch.zeros(6, dtype=torch.float64, device=device)
-    tb = token_bytes.to(device) if token_bytes is not None else None
-    mine = rows[rank::dist_world]
-    shard = -(-rows.size(0) // dist_world)  # the largest rank's rows: every rank asks ``stop`` as often
-    for i in range(0, shard if stop is not None else mine.size(0), micro_batch):
-        if stop is not None and _any_rank(stop(), device, dist_world):
-            model.train(was_training)
-            raise EvalStopped
-        chunk = mine[i : i + micro_batch].to(device)
-        if chunk.size(0) == 0:
-            continue
-        x, y = chunk[:, :-1], chunk[:, 1:]
-        with autocast(device, dtype):
-            loss = model(x, y, reduction="none").view(y.shape).double()
-        row_means = loss.mean(dim=1)
-        nb = tb[y].double() if tb is not None else torch.zeros_like(loss)
-        total += torch.stack(
-            [
-                loss.sum(),
-                torch.tensor(float(y.numel()), dtype=torch.float64, device=device),
-                row_means.sum(),
-                row_means.square().sum(),
-                (loss * (nb > 0)).sum(),
-                nb.sum(),
-            ]
-        )
-    if dist_world > 1:
-        torch.distributed.all_reduce(total)
-    model.train(was_training)
-    n_rows = rows.size(0)
-    mean = float(total[0] / total[1])
-    bpb = float(total[4] / (math.log(2) * total[5])) if tb is not None and total[5] > 0 else None
-    if n_rows < 2:
-        return ValStats(mean, float("nan"), bpb)
-    var = max(0.0, float(total[3] - total[2] ** 2 / n_rows) / (n_rows - 1))
-    return ValStats(mean, math.sqrt(var / n_rows), bpb)
-
-
-def val_token_bytes(cfg: TrainConfig, data: TokenData) -> torch.Tensor | None:
-    """UTF-8 bytes per id for bits per byte, or None where ids outside the tokenizer's vocabulary occur (shards)."""
-    from loopscale.data.token_bytes import token_bytes
-
-    table = token_bytes(data.tokenizer)
-    if data.max_id >= table.size:
-        return None
-    if cfg.data.bos_id is not None and cfg.data.bos_id < table.size:
-        table[cfg.data.bos_id] = 0  # the documents' separator is no text
-    return torch.from_numpy(table)
-
-
-def _any_rank(flag: bool, device: torch.device, world: int) -> bool:
-    if world == 1:
-        return flag
-    t = torch.tensor(float(flag), device=device)
-    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-    return bool(t.item())
-
-
-def result_fields(cfg: TrainConfig) -> dict[str, Any]:
-    """The accounting columns every result carries (the runs table reads them)."""
-    m = cfg.model
-    a = accounting.account(m)
-    own: dict[str, Any] = {}
-    if m.technique is not None:  # a user's technique: which code, in which version, made the run
-        from loopscale import technique
-
-        own = {"technique": m.technique, "technique_sha256": technique.source_sha256(m)}
-    return {
-        **own,
-        "r": m.r,
-        "d_model": m.width,
-        "n_prelude": m.n_prelude,
-        "n_recur": m.n_recur,
-        "n_coda": m.n_coda,
-        "L_eff": m.L_eff,
-        "layout": m.layout,
-        "injection": m.builtin_injection,
-        "bptt_k": m.bptt_k,
-        "N_once": a.N_once,
-        "N_rec": a.N_rec,
-        "N_emb": a.N_emb,
-        "N_norm": a.N_norm,
-        "N_total": a.N_total,
-        "flops_per_token": a.flops_per_token,
-        "seq_len": m.seq_len,
-        "batch_size": cfg.run.batch_size,
-        # the architecture template, so a fit can rebuild the accounting for other widths
-        "vocab_size": m.vocab_size,
-        "vocab_multiple": m.vocab_multiple,
-        "head_dim": m.head_dim,
-        "mlp_ratio": m.mlp_ratio,
-        "hc_lanes": m.hc_lanes,
-    }
-
-
 def train(
     cfg: TrainConfig,
     run_dir: str | Path,
@@ -255,8 +79,8 @@ def train(
     overwrite: bool = False,
     source: str | None = None,
     progress_every: int | None = None,
-) -> dict[str, Any]:
-    """Run (or resume, or return the finished) training run in ``run_dir``. Returns result.json's dict.
+) -> RunRecord:
+    """Run (or resume, or return the finished) training run in ``run_dir``. Returns its result.json's record.
 
     A run dir holding a different config is refused (``rundir.check_run_dir``) unless ``overwrite``, which
     discards what the dir holds and trains afresh. The data is loaded and checked before anything is written;
@@ -272,7 +96,7 @@ def train(
         else:
             rundir.check_run_dir(run_dir, cfg)
             done = read_result(run_dir)
-            if done is not None and done.get("status") == "ok":
+            if done is not None and done.status == "ok":
                 ck.tidy_finished(run_dir, keep_checkpoint=cfg.run.keep_checkpoint)  # a kill may have left ckpt.pt
                 return done
         total_steps = cfg.check_length()
@@ -314,7 +138,7 @@ def train(
                 progress_every=progress_every,
                 on_step=on_step,
             )
-            return _train(ctx).dump()
+            return _train(ctx)
     except (RunInterrupted, KeyboardInterrupt):
         raise
     except LoopscaleError:
@@ -339,25 +163,10 @@ def _record_failure(
 ) -> NoReturn:
     """Write result.json status 'failed' (error and traceback) and raise TrainingFailed."""
     if is_main:
-        write_failure(run_dir, cfg, exc, t_start, prepare=prepare)
+        if prepare:
+            prepare_dir(run_dir, cfg, True)
+        write_record(run_dir, failure_record(cfg, exc, t_start))
     raise TrainingFailed(f"{run_dir}: run failed: {type(exc).__name__}: {exc}") from exc
-
-
-def write_failure(
-    run_dir: Path, cfg: TrainConfig, exc: BaseException, t_start: float, *, prepare: bool = False
-) -> None:
-    """result.json status 'failed' with the error and the traceback being handled (a pack's member uses it too)."""
-    if prepare:
-        prepare_dir(run_dir, cfg, True)
-    record = RunRecord(
-        status="failed",
-        error=f"{type(exc).__name__}: {exc}",
-        traceback=traceback.format_exc(),
-        **result_fields(cfg),
-        wall_s=time.time() - t_start,
-        versions=versions(),
-    )
-    atomic_write_json(run_dir / RESULT, record.dump())
 
 
 def load_data(cfg: TrainConfig) -> TokenData:
@@ -482,44 +291,6 @@ def train_step(s: Step, step: int, total_steps: int) -> tuple[float, float]:
     if s.world > 1:
         torch.distributed.all_reduce(step_loss, op=torch.distributed.ReduceOp.AVG)
     return float(step_loss), lr_mult
-
-
-class Validator:
-    """The run's validation: the same rows for the periodic ``loss`` and the ``final`` estimate, sharded across
-    processes; the final one can be stopped between batches by a signal."""
-
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        rows: torch.Tensor,
-        *,
-        micro_batch: int,
-        device: torch.device,
-        dtype: str,
-        world: int = 1,
-        rank: int = 0,
-    ) -> None:
-        self.model, self.rows = model, rows
-        self._kw: dict[str, Any] = {
-            "micro_batch": micro_batch,
-            "device": device,
-            "dtype": dtype,
-            "dist_world": world,
-            "rank": rank,
-        }
-
-    @property
-    def tokens(self) -> int:
-        """Validation tokens (targets) per evaluation."""
-        return int(self.rows.size(0) * (self.rows.size(1) - 1))
-
-    def loss(self) -> float:
-        """The mean validation loss, for a metrics line during training."""
-        return evaluate_loss(self.model, self.rows, **self._kw)
-
-    def final(self, stop: Callable[[], bool], token_bytes: torch.Tensor | None) -> ValStats:
-        """The run's result: loss, standard error and bits per byte; raises ``EvalStopped`` when ``stop``."""
-        return val_loss_stats(self.model, self.rows, stop=stop, token_bytes=token_bytes, **self._kw)
 
 
 class Meter:
@@ -668,7 +439,7 @@ def _train(ctx: RunContext) -> RunRecord:
         model, val_rows, micro_batch=batching.val_micro, device=device, dtype=dtype, world=dist.world, rank=dist.rank
     )
 
-    bar = _progress_bar(
+    bar = ProgressBar(
         ctx.progress and dist.is_main,
         total_steps,
         start,
@@ -715,7 +486,7 @@ def _train(ctx: RunContext) -> RunRecord:
             bar.advance(last_loss)
             if on_step is not None:
                 on_step(done_steps, total_steps)
-            stop = _any_rank(sig.caught is not None, device, dist.world)
+            stop = any_rank(sig.caught is not None, device, dist.world)
             if should_checkpoint(done_steps, total_steps, run.ckpt_every, stopping=stop) and dist.is_main:
                 save(done_steps)
             if stop:
@@ -763,26 +534,6 @@ def _train(ctx: RunContext) -> RunRecord:
     if dist.world > 1:
         torch.distributed.barrier()
     return result
-
-
-def write_result(run_dir: Path, result: RunRecord, model: torch.nn.Module, *, keep_checkpoint: bool) -> None:
-    """The run's end on disk: weights and the final metrics line (status ok), then result.json, which marks
-    the run finished, last; then the checkpoint goes (unless kept)."""
-    if result.status == "ok":
-        ck.save_weights(run_dir, model)
-        append_jsonl(
-            run_dir / METRICS,
-            {
-                "step": result.steps,
-                "tokens": result.D,
-                "val_loss": result.val_loss,
-                "val_bpb": result.val_bpb,
-                "final": True,
-            },
-        )
-    atomic_write_json(run_dir / RESULT, result.dump())
-    if not keep_checkpoint:
-        (run_dir / ck.CKPT).unlink(missing_ok=True)
 
 
 def run_record(ctx: RunContext, end: Outcome) -> RunRecord:
@@ -836,80 +587,3 @@ def _jsonl(rec: dict[str, Any]) -> str:
     import json
 
     return json.dumps(rec) + "\n"
-
-
-class _progress_bar:
-    """Progress of a run on stderr: a rich bar with loss and ETA on a terminal; elsewhere (a log file, a pipe,
-    a batch job) a plain line every ``every`` steps (default: every 5 % of the run) with the step, loss,
-    tokens/s and ETA, as people tail logs. No-op when disabled."""
-
-    def __init__(
-        self, enabled: bool, total: int, start: int, name: str, *, every: int | None = None, tokens_per_step: int = 0
-    ) -> None:
-        from loopscale.console import err_console
-
-        self.enabled, self.total, self.start, self.done = enabled, total, start, start
-        self.live = enabled and err_console.is_terminal
-        self.every = max(1, every or -(-total // 20))
-        self.tokens_per_step = tokens_per_step
-        self._console = err_console
-        self._t0 = self._t_last = time.time()
-        self._last_step = start
-        if self.live:
-            from rich.markup import escape
-            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self._p = Progress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                TextColumn("{task.completed}/{task.total}"),
-                TextColumn("loss {task.fields[loss]}"),
-                TimeRemainingColumn(),
-                console=err_console,
-                transient=True,
-            )
-            self._task = self._p.add_task(escape(name), total=total, completed=start, loss="-")
-        elif enabled:
-            resumed = f", resuming at step {start}" if start else ""
-            self._say(f"{name}: {total} steps of {tokens_per_step:,} tokens{resumed}; a line every {self.every} steps")
-
-    def __enter__(self) -> _progress_bar:
-        if self.live:
-            self._p.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.live:
-            self._p.__exit__(*exc)
-
-    def advance(self, loss: float) -> None:
-        self.done += 1
-        if self.live:
-            self._p.update(self._task, advance=1, loss=f"{loss:.3f}")
-        elif self.enabled and (self.done % self.every == 0 or self.done == self.total):
-            self._say(self.line(loss, time.time()))
-
-    def line(self, loss: float, now: float) -> str:
-        """``step 40/200 (20%) loss 3.215 | 51,200 tok/s | elapsed 12s | ETA 48s``."""
-        steps = self.done - self._last_step
-        window = max(now - self._t_last, 1e-9)
-        per_step = (now - self._t0) / max(self.done - self.start, 1)
-        self._t_last, self._last_step = now, self.done
-        return (
-            f"step {self.done}/{self.total} ({100 * self.done / max(self.total, 1):.0f}%) loss {loss:.4f} | "
-            f"{steps * self.tokens_per_step / window:,.0f} tok/s | elapsed {_hms(now - self._t0)} | "
-            f"ETA {_hms(per_step * (self.total - self.done))}"
-        )
-
-    def note(self, text: str) -> None:
-        """A stage worth a line in a log (the final evaluation can take minutes)."""
-        if self.enabled and not self.live:
-            self._say(text)
-
-    def _say(self, text: str) -> None:
-        self._console.print(text, highlight=False, markup=False, soft_wrap=True)
-
-
-def _hms(seconds: float) -> str:
-    s = round(seconds)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else (f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")

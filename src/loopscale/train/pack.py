@@ -34,6 +34,7 @@ from loopscale.io import append_jsonl
 from loopscale.model import LoopedLM, cpu_kernels
 from loopscale.model.packed import PackedLM, technique_packable
 from loopscale.optim.packed import PackedOptimizers
+from loopscale.record import RunRecord
 from loopscale.signals import STOP_OR_WARN, StopSignals, second_ctrl_c_stops_at_once
 from loopscale.train import checkpoint as ck
 from loopscale.train import rundir
@@ -59,8 +60,6 @@ from loopscale.train.loop import (
     diverged,
     load_data,
     model_and_optimizers,
-    prepare_dir,
-    read_result,
     resume,
     run_record,
     should_checkpoint,
@@ -69,20 +68,20 @@ from loopscale.train.loop import (
     step_record,
     val_token_bytes,
     warn,
-    write_failure,
-    write_result,
 )
+from loopscale.train.result import failure_record
+from loopscale.train.rundir import prepare_dir, read_result, write_record, write_result
 from loopscale.train.settings import TrainConfig
 
 
 @dataclass
 class MemberEnd:
-    """How one member's session ended: ``result`` (result.json's dict: ok, diverged or failed), ``config`` (a
+    """How one member's session ended: ``result`` (result.json's record: ok, diverged or failed), ``config`` (a
     ConfigError: nothing trained, not retryable), ``failed`` (recorded in result.json, retryable) or
     ``interrupted`` (checkpointed by a signal)."""
 
     kind: str
-    result: dict[str, Any] | None = None
+    result: RunRecord | None = None
     error: str = ""
     traceback: str = ""
     wall_s: float = 0.0
@@ -168,7 +167,7 @@ def train_pack(
         try:
             rundir.check_run_dir(run_dir, cfg)
             done = read_result(run_dir)
-            if done is not None and done.get("status") == "ok":
+            if done is not None and done.status == "ok":
                 ck.tidy_finished(run_dir, keep_checkpoint=cfg.run.keep_checkpoint)
                 ends.set(i, MemberEnd("result", result=done))
                 continue
@@ -248,7 +247,9 @@ def _failed(cfg: TrainConfig, run_dir: Path, exc: BaseException, t_start: float,
     """A member's own failure: result.json status failed (as ``train`` records it), then its end."""
     tb = traceback.format_exc()
     with contextlib.suppress(OSError):  # its dir cannot be written: the sweep's books record the failure
-        write_failure(run_dir, cfg, exc, t_start, prepare=prepare)
+        if prepare:
+            prepare_dir(run_dir, cfg, True)
+        write_record(run_dir, failure_record(cfg, exc, t_start))
     return MemberEnd("failed", error=f"{type(exc).__name__}: {exc}", traceback=tb, wall_s=time.time() - t_start)
 
 
@@ -489,6 +490,6 @@ def _finish(
             limit = 2.0 * math.log(m.cfg.model.vocab_size) + 1.0
             result.error = f"loss {m.last_loss:.4g} at step {result.steps} (non-finite or above {limit:.3g})"
         write_result(m.run_dir, result, m.model, keep_checkpoint=m.cfg.run.keep_checkpoint)
-        end(m, MemberEnd("result", result=result.dump()))
+        end(m, MemberEnd("result", result=result))
     except Exception as exc:
         fail(m, exc)

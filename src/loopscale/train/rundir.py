@@ -1,4 +1,5 @@
-"""A run dir belongs to one resolved config: its default name, the identity check and ``--overwrite``.
+"""A run dir's lifecycle: its default name, the identity check, ``--overwrite``, what is written when the run
+starts (config.toml) and ends (weights, the final metrics line, result.json last), and reading its result back.
 
 A run dir holds one run (docs/training.md): rerunning the same command resumes it or returns its result.
 Asking it for another config must not silently return (or resume) the first one, so a run dir whose
@@ -11,16 +12,22 @@ from __future__ import annotations
 import hashlib
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tomli_w
 
 from loopscale.errors import ConfigError
+from loopscale.io import append_jsonl, atomic_write_json, atomic_write_text
+from loopscale.record import RESULT, RecordError, RunRecord
+
+if TYPE_CHECKING:
+    import torch
 
 CONFIG = "config.toml"
+METRICS = "metrics.jsonl"
 TECHNIQUE_HASH = "technique.sha256"  # the sha256 of a user technique's source file, when the run began
 # What the trainer (and `loopscale eval`'s per-run cache) writes into a run dir; --overwrite removes only these.
-ARTEFACTS = ("result.json", "metrics.jsonl", "ckpt.pt", "model.safetensors", CONFIG, TECHNIQUE_HASH)
+ARTEFACTS = (RESULT, METRICS, "ckpt.pt", "model.safetensors", CONFIG, TECHNIQUE_HASH)
 ARTEFACT_DIRS = ("eval", "tb")
 # Not part of a run's identity: run.fail_at_step is a testing hook (an injected failure, then a retry); where
 # the run is tracked on W&B does not change what it trains.
@@ -147,3 +154,55 @@ def clear_run_dir(run_dir: Path) -> None:
             shutil.rmtree(run_dir / name)
     for tmp in run_dir.glob(".*.tmp") if run_dir.is_dir() else ():
         tmp.unlink(missing_ok=True)
+
+
+# ---- a run's start and end on disk ---------------------------------------------------------------------------------
+def prepare_dir(run_dir: Path, cfg: Any, is_main: bool) -> None:
+    """Make the run dir and write its config (and a technique's source hash) once the data has loaded."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        check_run_dir(run_dir, cfg)  # again: another process may have written it meanwhile
+        if is_main:
+            atomic_write_text(run_dir / CONFIG, config_text(cfg))
+            if cfg.model.technique is not None:  # the code's version, so a resume cannot pick up edited code
+                from loopscale import technique
+
+                atomic_write_text(run_dir / TECHNIQUE_HASH, f"{technique.source_sha256(cfg.model)}\n")
+    except OSError as exc:
+        raise ConfigError("--out", f"cannot write the run dir: {exc.strerror or exc}", value=str(run_dir)) from None
+
+
+def read_result(run_dir: str | Path) -> RunRecord | None:
+    """The run's result.json as its record; None when there is none or it is no valid record (a file cut short:
+    the run is not finished, and training again rewrites it)."""
+    try:
+        return RunRecord.read(Path(run_dir) / RESULT)
+    except RecordError:
+        return None
+
+
+def write_record(run_dir: Path, record: RunRecord) -> None:
+    """result.json, atomically: the run is at a terminal status (ok, diverged, failed)."""
+    atomic_write_json(run_dir / RESULT, record.dump())
+
+
+def write_result(run_dir: Path, result: RunRecord, model: torch.nn.Module, *, keep_checkpoint: bool) -> None:
+    """The run's end on disk: weights and the final metrics line (status ok), then result.json, which marks
+    the run finished, last; then the checkpoint goes (unless kept)."""
+    from loopscale.train import checkpoint as ck
+
+    if result.status == "ok":
+        ck.save_weights(run_dir, model)
+        append_jsonl(
+            run_dir / METRICS,
+            {
+                "step": result.steps,
+                "tokens": result.D,
+                "val_loss": result.val_loss,
+                "val_bpb": result.val_bpb,
+                "final": True,
+            },
+        )
+    write_record(run_dir, result)
+    if not keep_checkpoint:
+        (run_dir / ck.CKPT).unlink(missing_ok=True)
