@@ -247,7 +247,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = ["run.steps=5", "run.batch_size=8", "run.threads=1", "run.val_tokens=4096", "run.min_steps=5"]
     d = tmp_path_factory.mktemp("eval") / "run"
     res = train(load_train_config(None, [*model, *data, *run, "optim.transfer=false"]), d, progress=False)
-    assert res["status"] == "ok"
+    assert res.status == "ok"
     return d
 
 

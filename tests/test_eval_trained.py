@@ -47,7 +47,7 @@ FAST = ["bio_qa,bio_qa_unseen,dyck"]
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("knowledge") / "run"
     res = train(load_train_config(None, KNOWLEDGE_RUN), d, progress=False)
-    assert res["status"] == "ok"
+    assert res.status == "ok"
     return d
 
 

@@ -158,7 +158,7 @@ def test_tokenizer_train_cli_then_training_with_the_bpe(tmp_path: Path) -> None:
         "run.val_tokens=256",
     ]
     res = train(load_train_config(None, sets), tmp_path / "run", progress=False)
-    assert res["status"] == "ok" and res["val_loss"] < np.log(300)
+    assert res.status == "ok" and res.val_loss is not None and res.val_loss < np.log(300)
     with pytest.raises(ConfigError, match=r"model.vocab_size: smaller than the tokenizer's vocabulary \(300\)"):
         train(load_train_config(None, [*sets, "model.vocab_size=257"]), tmp_path / "run2", progress=False)
 

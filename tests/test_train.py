@@ -57,7 +57,7 @@ def test_tiny_looped_model_learns_far_below_unigram_entropy(tmp_path: Path) -> N
     assert lines[0]["train_loss"] > lines[-2]["train_loss"]
     assert {"step", "tokens", "lr_mult", "train_loss", "tokens_per_s", "flops_per_s"} <= set(lines[0])
     for key in ("r", "N_once", "N_rec", "D", "C", "val_loss", "val_loss_se", "flops_per_token", "wall_s", "hardware"):
-        assert key in res
+        assert key in res.dump()
     assert (tmp_path / "run" / "model.safetensors").exists() and not (tmp_path / "run" / "ckpt.pt").exists()
 
 
