@@ -200,6 +200,45 @@ def test_typed_result_writes_the_identical_fit_file(tmp_path: Path) -> None:
     assert again.read_text() == OLD_FIT.read_text()
 
 
+#: every fit file the tests keep: the old one and the two the report tests render (probes: Δφ with paired readings)
+FIT_FILES = [OLD_FIT, *sorted((Path(__file__).parent / "fixtures" / "report").glob("*/fit.json"))]
+
+
+@pytest.mark.parametrize("path", FIT_FILES, ids=lambda p: p.parent.name)
+def test_every_kept_fit_file_round_trips_byte_identically_through_the_typed_result(path: Path, tmp_path: Path) -> None:
+    res = load_fit(path)
+    assert write_fit(tmp_path / "fit.json", res).read_text() == path.read_text()
+
+
+def test_the_fit_result_is_typed_to_its_leaves_and_has_no_dict_view() -> None:
+    from loopscale.fit import result as R
+
+    res = load_fit(Path(__file__).parent / "fixtures" / "report" / "probes" / "fit.json")
+    assert isinstance(res.settings, FitSettings) and res.settings.loss == "huber"
+    v = res.variant()
+    inf = v.inference
+    assert inf is not None and isinstance(inf.phi, R.Interval) and isinstance(inf.null, R.NullTables)
+    assert all(isinstance(t, R.Test) for t in inf.tests.values()) and isinstance(inf.secondary, R.Secondary)
+    assert isinstance(v.checks, R.Checks) and isinstance(v.checks.held_out, R.HeldOutErrors)
+    assert all(isinstance(x, R.LeftOut) for x in (v.checks.leave_one_r_out or {}).values())
+    assert isinstance(v.identifiability, R.Identifiability)
+    assert all(isinstance(x.held_out, R.HeldOutErrors) for x in v.restricted.values())
+    d = res.delta_phi[0]
+    assert isinstance(d.inference, R.DeltaInference) and isinstance(d.loss_gap, R.LossGap)
+    assert isinstance(d.leading, R.Leading) and d.shared is None  # the fixture fits without the shared reading
+    shared = R.DeltaPhi.model_validate(
+        {"reference": "a", "variant": "b", "shared": {"delta_phi": 0.1, "held_out": {"supported": "shared"}}}
+    ).shared
+    assert isinstance(shared, R.SharedReading) and isinstance(shared.held_out, R.SharedHeldOut)
+    paired = res.variant(d.variant).inference.paired_delta_phi  # type: ignore[union-attr]
+    assert isinstance(paired, R.PairedDelta) and isinstance(paired.held_out, R.PairedHeldOut)
+    assert isinstance(paired.shared_law, R.PairedReading) and isinstance(paired.shared_law.misfit, R.Misfit)
+    # null in the file is NaN in memory, and NaN is null again when written
+    assert inf.phi.ends is not None and all(np.isfinite(inf.phi.ends))
+    for record in (res, v, inf, inf.phi, d, paired):
+        assert not hasattr(record, "__getitem__") and not hasattr(record, "get")  # read by attribute only
+
+
 def test_phi_state_replaces_none_checks() -> None:
     doc = json.loads(OLD_FIT.read_text())
     doc["variants"]["wide"]["law"]["params"]["phi"] = None

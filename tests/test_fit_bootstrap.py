@@ -69,7 +69,7 @@ FAST = dict(bootstrap=60, lr_draws=200, restarts=150, restricted=(), per_r=False
 
 
 def test_delta_phi_between_variants_has_a_paired_bootstrap_ci_and_sign_fraction():
-    fit = fit_runs(_two_variants(0.30, seed=1), FitSettings(**FAST))
+    fit = fit_runs(_two_variants(0.30, seed=1), FitSettings(**FAST)).to_dict()
     assert set(fit["variants"]) == {"baseline", "tbptt"} and fit["reference_variant"] == "baseline"
     assert fit["variants"]["tbptt"]["n_runs"] == 116  # 87 own looped runs + the 29 shared r = 1 runs
     (d,) = fit["delta_phi"]
@@ -80,7 +80,7 @@ def test_delta_phi_between_variants_has_a_paired_bootstrap_ci_and_sign_fraction(
 
 
 def test_delta_phi_ci_covers_zero_when_both_recipes_share_phi():
-    fit = fit_runs(_two_variants(0.46, seed=2), FitSettings(**FAST))
+    fit = fit_runs(_two_variants(0.46, seed=2), FitSettings(**FAST)).to_dict()
     (d,) = fit["delta_phi"]
     lo, hi = d["ci"]
     assert lo < 0 < hi

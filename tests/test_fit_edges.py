@@ -96,7 +96,7 @@ def test_one_looped_r_without_r1_is_not_identified_and_warned(capsys):
     fit = fit_runs(df[df["r"] == 4], QUICK)
     v = phi_verdict(fit)
     assert not v.resolved and any("confounded with A" in r for r in v.reasons)
-    assert any("one looped r (4) and no r = 1" in w for w in fit["warnings"])
+    assert any("one looped r (4) and no r = 1" in w for w in fit.warnings)
 
 
 def test_looped_only_fit_needs_a_declared_reference(tmp_path, capsys):
@@ -118,7 +118,7 @@ def test_two_r_values_skip_leave_one_r_out_with_a_warning():
             restarts=30, bootstrap=0, lr_draws=200, per_r=False, restricted=(), law_variants=(), checks_restarts=20
         ),
     )
-    assert any("leave-one-r-out skipped" in w for w in fit["warnings"])
+    assert any("leave-one-r-out skipped" in w for w in fit.warnings)
 
 
 # ---- one verdict everywhere ---------------------------------------------------------------------

@@ -16,6 +16,7 @@ from loopscale.fit.inference.verdict import claims, phi_verdict
 from loopscale.fit.law.formula import params_to_theta
 from loopscale.fit.law.formula import predict as predict_theta
 from loopscale.fit.parts import bootstrap_cells
+from loopscale.fit.result import FitResult, Inference, Test, VariantFit
 
 FIXTURES = Path(__file__).parent / "fixtures" / "fit"
 DEMO_RUNS = FIXTURES / "demo_runs.csv"  # `loopscale demo` on an AVX-512 EPYC (35 runs, 12 cells + controls)
@@ -47,12 +48,18 @@ def _quick(**kw: object) -> FitSettings:
 
 
 @pytest.fixture(scope="module")
-def one_fit() -> dict:
+def one_fit() -> FitResult:
     return fit_runs(_demo_like(0.6, 0.01), _quick())
 
 
-def test_the_inference_record_has_the_documented_schema(one_fit: dict) -> None:
-    rec = one_fit["variants"]["baseline"]["inference"]
+def _inference(res: FitResult) -> Inference:
+    rec = res.variant("baseline").inference
+    assert rec is not None and rec.phi is not None
+    return rec
+
+
+def test_the_inference_record_has_the_documented_schema(one_fit: FitResult) -> None:
+    rec = one_fit.to_dict()["variants"]["baseline"]["inference"]  # the fit file's keys
     assert set(rec) == {"phi", "tests", "secondary", "null", "profile"}
     assert set(rec["phi"]) == {"estimate", "ci", "level", "method", "open", "disjoint", "mc_sd", "critical_value"}
     assert set(rec["tests"]) == {"phi=0", "phi=0.459", "phi=1"}
@@ -62,32 +69,34 @@ def test_the_inference_record_has_the_documented_schema(one_fit: dict) -> None:
         assert t["ruled_out"] == (t["rejected"] and t["held_out_worse"] is True)
     assert set(rec["secondary"]) == {"method", "n", "ci", "mc_sd"} and rec["secondary"]["n"] == 40
     assert rec["null"]["n"] == 200 and rec["null"]["weights"] == "webb"
-    lo, hi = rec["phi"]["ci"]
-    assert lo < rec["phi"]["estimate"] < hi and rec["phi"]["level"] == 0.95
+    typed = _inference(one_fit)
+    lo, hi = typed.phi.ends  # type: ignore[union-attr,misc]
+    assert lo < typed.phi.estimate < hi and typed.phi.level == 0.95  # type: ignore[union-attr,operator]
 
 
-def test_compare_carries_the_calibrated_test_of_the_references_value(one_fit: dict) -> None:
+def test_compare_carries_the_calibrated_test_of_the_references_value(one_fit: FitResult) -> None:
     from loopscale.fit.inference.compare import compare
 
-    rec = one_fit["variants"]["baseline"]["inference"]
+    rec = _inference(one_fit)
     row = next(r for r in compare(one_fit, "paper")["rows"] if r["quantity"] == "phi")
-    assert row["p_calibrated"] == pytest.approx(rec["tests"]["phi=0.459"]["p"], abs=0.02)
-    assert inf.test_value(rec, 1.0) == pytest.approx(rec["tests"]["phi=1"]["p"], abs=0.02)
+    assert row["p_calibrated"] == pytest.approx(rec.tests["phi=0.459"].p, abs=0.02)
+    assert inf.test_value(rec, 1.0) == pytest.approx(rec.tests["phi=1"].p, abs=0.02)
     assert inf.test_value(rec, 9.0) is None  # outside the profiled box
 
 
-def test_a_test_rejects_exactly_where_the_interval_excludes_the_value(one_fit: dict) -> None:
-    rec = one_fit["variants"]["baseline"]["inference"]
-    lo, hi = rec["phi"]["ci"]
-    for t in rec["tests"].values():
-        if min(abs(t["value"] - lo), abs(t["value"] - hi)) > 0.02:  # away from the ends (interpolation)
-            assert t["rejected"] == (not lo <= t["value"] <= hi), t
+def test_a_test_rejects_exactly_where_the_interval_excludes_the_value(one_fit: FitResult) -> None:
+    rec = _inference(one_fit)
+    lo, hi = rec.phi.ci  # type: ignore[union-attr,misc]
+    for t in rec.tests.values():
+        assert t.value is not None
+        if min(abs(t.value - lo), abs(t.value - hi)) > 0.02:  # away from the ends (interpolation)
+            assert t.rejected == (not lo <= t.value <= hi), t
 
 
-def test_the_verdict_reads_the_profile_interval_and_old_fit_files_fall_back_with_a_caveat(one_fit: dict) -> None:
+def test_the_verdict_reads_the_profile_interval_and_old_fit_files_fall_back_with_a_caveat(one_fit: FitResult) -> None:
     v = phi_verdict(one_fit)
     assert v.method == "profile likelihood"
-    assert v.ci == pytest.approx(tuple(one_fit["variants"]["baseline"]["inference"]["phi"]["ci"]))
+    assert v.ci == pytest.approx(tuple(_inference(one_fit).phi.ci))  # type: ignore[union-attr,arg-type]
     assert v.claims and all("φ = " in c for c in v.claims)
     old = phi_verdict(__import__("json").loads((FIXTURES / "fit_v1.json").read_text()))
     assert old.method == "percentile bootstrap" and old.claims == []
@@ -105,7 +114,7 @@ def test_the_interval_ends_move_by_less_than_0_02_between_seeds_on_the_demos_own
         v = inf.webb_weights(int(cells.max()) + 1, 1000, np.random.default_rng([seed, 1]))
         st = inf.VariantInference.run(law.theta_, law.objective_, law.bounds(), data, cells, v, "huber", 0.02, seed)
         iv = st.interval(0.95)
-        ends.append(iv["ci"])
+        ends.append(iv.ci)
         verdicts.append(tuple(inf.p_value(st.stat_at(x), st.null.stat) < 0.05 for x in (0.0, 1.0)))
     ends = np.array(ends)
     assert np.ptp(ends, axis=0).max() <= 0.04  # every end within +-0.02 of the others' middle
@@ -116,14 +125,15 @@ def test_delta_phi_gets_a_profile_interval_and_a_test_of_zero() -> None:
     df = pd.concat([_demo_like(0.4, 0.01, 0), _demo_like(1.2, 0.01, 1, "probe")])
     df = df[~((df["variant"] == "probe") & (df["r"] == 1))]  # the probe shares the baseline's r = 1 runs
     res = fit_runs(df, _quick(checks=False))
-    (d,) = res["delta_phi"]
-    rec = d["inference"]
-    lo, hi = rec["ci"]
-    assert lo < rec["estimate"] < hi and d["ci"] == rec["ci"]
-    assert rec["estimate"] == pytest.approx(d["delta_phi"])
-    t = rec["tests"]["delta_phi=0"]
-    assert t["rejected"] == (t["p"] < 0.05) and t["rejected"] == (lo > 0 or hi < 0)
-    assert rec["secondary"]["ci"] is not None
+    (d,) = res.delta_phi
+    rec = d.inference
+    assert rec is not None and rec.ci is not None and rec.estimate is not None and rec.secondary is not None
+    lo, hi = rec.ci
+    assert lo < rec.estimate < hi and d.ci == rec.ci
+    assert rec.estimate == pytest.approx(d.delta_phi)
+    t = rec.tests["delta_phi=0"]
+    assert t.p is not None and t.rejected == (t.p < 0.05) and t.rejected == (lo > 0 or hi < 0)
+    assert rec.secondary.ci is not None
 
 
 def test_the_joint_profile_of_two_quadratic_profiles_is_the_harmonic_combination() -> None:
@@ -141,38 +151,30 @@ def test_interval_p_value_and_critical_value_on_known_numbers() -> None:
     phi = np.linspace(0, 2, 21)
     stat = (phi - 1) ** 2
     iv = inf.interval_from_stat(phi, stat, 0.25)
-    assert iv["ci"] == pytest.approx([0.5, 1.5]) and iv["open"] == [False, False] and not iv["disjoint"]
+    assert iv.ci == pytest.approx([0.5, 1.5]) and iv.open == [False, False] and not iv.disjoint
     two = inf.interval_from_stat(phi, np.minimum((phi - 0.5) ** 2, (phi - 1.5) ** 2 + 0.001), 0.01)
-    assert two["disjoint"]
+    assert two.disjoint
     null = np.arange(1, 1000, dtype=float)  # 999 draws
     assert inf.critical(null, 0.95)[0] == 950.0
     assert inf.p_value(0.0, null) == 1.0 and inf.p_value(2000.0, null) == pytest.approx(1 / 1000)
 
 
-class _Rec:
-    """The least a VariantFit needs for ``claims``."""
-
-    def __init__(self, **tests: dict) -> None:
-        self.inference = {"tests": tests}
+def _rec(**tests: Test) -> VariantFit:
+    """The least a VariantFit needs for ``claims``: its tests."""
+    return VariantFit(inference=Inference(tests=tests))
 
 
-def _t(value: float, p: float, worse: bool | None) -> dict:
-    return {
-        "value": value,
-        "p": p,
-        "rejected": p < 0.05,
-        "held_out_worse": worse,
-        "ruled_out": p < 0.05 and worse is True,
-    }
+def _t(value: float, p: float, worse: bool | None) -> Test:
+    return Test(value=value, p=p, rejected=p < 0.05, held_out_worse=worse, ruled_out=p < 0.05 and worse is True)
 
 
 def test_rules_out_needs_a_rejecting_test_a_worse_held_out_error_and_a_resolved_fit() -> None:
-    as_good = claims(_Rec(**{"phi=1": _t(1.0, 0.01, False)}), 0.95, resolved=True)
+    as_good = claims(_rec(**{"phi=1": _t(1.0, 0.01, False)}), 0.95, resolved=True)
     assert not any("rules out φ = 1" in c for c in as_good)
     assert "cannot tell φ = 1 apart from the fit" in as_good[0] and "as well or better" in as_good[0]
-    assert "rules out φ = 1" in claims(_Rec(**{"phi=1": _t(1.0, 0.01, True)}), 0.95, resolved=True)[0]
-    assert "no claim" in claims(_Rec(**{"phi=1": _t(1.0, 0.01, True)}), 0.95, resolved=False)[0]
-    kept = claims(_Rec(**{"phi=0": _t(0.0, 0.3, True)}), 0.95, resolved=True)[0]
+    assert "rules out φ = 1" in claims(_rec(**{"phi=1": _t(1.0, 0.01, True)}), 0.95, resolved=True)[0]
+    assert "no claim" in claims(_rec(**{"phi=1": _t(1.0, 0.01, True)}), 0.95, resolved=False)[0]
+    kept = claims(_rec(**{"phi=0": _t(0.0, 0.3, True)}), 0.95, resolved=True)[0]
     assert "cannot tell φ = 0 apart" in kept and "p = 0.3" in kept
 
 
@@ -243,7 +245,7 @@ def test_a_large_table_runs_its_inference_on_design_points() -> None:
         0,
     )
     assert st.screened and len(st.data) == 116 and st.weights is not None and st.weights.sum() == len(df)
-    lo, hi = st.interval(0.95)["ci"]
+    lo, hi = st.interval(0.95).ci  # type: ignore[misc]
     assert lo < law.phi_ < hi and hi - lo < 0.2
 
 
@@ -253,4 +255,4 @@ def test_an_interval_next_to_a_failed_profile_point_ends_at_its_last_inside_poin
 
     phi = np.array([0.0, 0.5, 1.0, 1.5])
     got = interval_from_stat(phi, np.array([np.inf, 1.0, 0.0, 5.0]), 2.0)
-    assert got["ci"] == [0.5, pytest.approx(1.0 + 0.5 * 2 / 5)] and got["open"] == [False, False]
+    assert got.ci == [0.5, pytest.approx(1.0 + 0.5 * 2 / 5)] and got.open == [False, False]

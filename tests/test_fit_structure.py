@@ -32,7 +32,7 @@ def test_without_a_tax_the_variant_reduces_to_the_joint_law():
 
 def test_fit_runs_reports_the_variant_beside_the_restricted_fits_with_held_out_errors():
     settings = FitSettings(restarts=60, bootstrap=0, lr_draws=200, per_r=False, restricted=(), checks_restarts=30)
-    rec = fit_runs(taxed(), settings)["variants"]["baseline"]
+    rec = fit_runs(taxed(), settings).to_dict()["variants"]["baseline"]
     lv = rec["law_variants"]["loop_tax"]
     assert lv["kappa"] == pytest.approx(0.05, abs=0.01) and lv["held_out"]["leave_one_r_out_rmse"] is not None
     free = rec["checks"]["held_out"]

@@ -295,6 +295,7 @@ def test_caveats_say_where_phi_and_its_ci_sit_against_0_and_1(report):
 def test_refits_against_controls_are_stated_beside_the_headline(report):
     from types import SimpleNamespace
 
+    from loopscale.fit import FitResult, load_fit
     from loopscale.report.render import control_refits
 
     doc = json.loads((report[0].parent / "fit.json").read_text())
@@ -302,11 +303,11 @@ def test_refits_against_controls_are_stated_beside_the_headline(report):
     _doctor(ctrl, 0.75, [0.59, 1.11])
     doc["variants"]["baseline@loop1"] = ctrl
     doc["variants"]["other@loop1"] = ctrl  # another recipe's refit: not this page's
-    lines = control_refits(SimpleNamespace(fit=doc, variant="baseline"))
+    lines = control_refits(SimpleNamespace(result=FitResult.of(doc), variant="baseline"))  # type: ignore[arg-type]
     assert len(lines) == 1 and "'loop1' (baseline@loop1, a different quantity): φ̂ = 0.750 [0.590, 1.110]" in lines[0]
     assert "0.52 wide" in lines[0] and "includes φ = 1" in lines[0]
     assert (
-        control_refits(SimpleNamespace(fit=json.loads((report[0].parent / "fit.json").read_text()), variant="baseline"))
+        control_refits(SimpleNamespace(result=load_fit(report[0].parent / "fit.json"), variant="baseline"))  # type: ignore[arg-type]
         == []
     )
 
@@ -347,14 +348,15 @@ def test_phi_and_its_ci_print_the_same_in_fit_and_in_the_report(report, capsys):
     printed = capsys.readouterr().out
     summary = (out / "summary.md").read_text(encoding="utf-8")
     page = (out / "index.html").read_text(encoding="utf-8")
-    for name, rec in doc["variants"].items():
-        value, ci = rec["law"]["params"]["phi"], rec["inference"]["phi"]["ci"]  # the calibrated interval
+    for name, rec in doc.variants.items():
+        assert rec.inference is not None and rec.inference.phi is not None
+        value, ci = rec.params.phi, rec.inference.phi.ci  # the calibrated interval
         both = phi_ci(value, ci)
         assert "[" in both and both in printed and both in summary and both in page, (name, both)
         assert phi(value) in printed and phi_interval(ci) in printed  # the table's value and CI columns
         # the secondary interval, on its own row, named by its method
         assert re.search(
-            re.escape(phi_interval(rec["bootstrap"]["ci"]["phi"])) + r"[\s|│]*block bootstrap percentile, secondary",
+            re.escape(phi_interval(rec.bootstrap.ci["phi"])) + r"[\s|│]*block bootstrap percentile, secondary",
             printed,
         )
         assert f"{value:.4f}" not in printed + summary  # the old four-digit φ of `fit`'s table

@@ -229,10 +229,11 @@ def test_a_tiny_sweep_of_the_example_beside_the_baseline_is_trained_collected_an
             template=template_from_table(table.df),
         ),
     )
-    (d,) = fit["delta_phi"]
-    assert d["variant"] == "gated" and d["reference"] == "baseline"
-    assert "inference" in d and "delta_phi=0" in d["inference"]["tests"]
-    assert d["shared"]["assumption"].startswith("the variant shares E, A") and "phi_variant" in d["shared"]
+    (d,) = fit.delta_phi
+    assert d.variant == "gated" and d.reference == "baseline"
+    assert d.inference is not None and "delta_phi=0" in d.inference.tests
+    assert d.shared is not None and (d.shared.assumption or "").startswith("the variant shares E, A")
+    assert d.shared.phi_variant is not None
 
 
 def test_eval_skips_a_test_time_r_the_technique_cannot_run_before_loading_any_weights() -> None:

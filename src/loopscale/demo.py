@@ -11,7 +11,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -19,6 +19,9 @@ from rich.text import Text
 
 from loopscale.errors import LoopscaleError
 from loopscale.numbers import phi_ci
+
+if TYPE_CHECKING:
+    from loopscale.report.context import ReportContext
 
 PRESETS = {"quick": "quick", "demo": "demo", "study": "study"}
 TEST_TIME_R: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -171,7 +174,7 @@ def _sweep(spec: Any, store: Any, *, progress: bool, console: Console, slots: in
             raise DemoBusy(busy_message(store, summary.outcomes["busy"]))
 
 
-def _demo_numbers(ctx: Any, runs: Any, axes_summary: list[dict[str, Any]], wall: float) -> dict[str, Any]:
+def _demo_numbers(ctx: ReportContext, runs: Any, axes_summary: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     """What the demo adds to the report's headline record (``report.build.headline_record``: the plain sentences,
     every variant's verdict with its quoted interval and method, every Δφ by its leading reading): R² against the
     restricted fits, the loss gap to r = 1 per cell, the axes, the wall time up to the report."""
@@ -195,7 +198,7 @@ def _demo_numbers(ctx: Any, runs: Any, axes_summary: list[dict[str, Any]], wall:
                 axes.setdefault(axis, {}).setdefault(int(row["r"]), []).append(float(x))
     return {
         "r2": v.metrics.r2,
-        "restricted": {k: r["r2"] for k, r in v.restricted.items()},
+        "restricted": {k: r.r2 for k, r in v.restricted.items()},
         "loss_gap_to_r1": gaps,
         "axes": {a: {r: sum(x) / len(x) for r, x in sorted(per.items())} for a, per in axes.items()},
         "wall_s": wall,

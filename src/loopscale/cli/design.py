@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich import box
@@ -16,6 +16,9 @@ from rich.table import Table
 
 from loopscale.cli.app import app, console, err_console
 from loopscale.numbers import count, flops, phi
+
+if TYPE_CHECKING:
+    from loopscale.fit.result import FitResult
 
 
 def planned_grid(spec: Any, r1_from: str | None = None, variant: str = "baseline") -> Any:
@@ -58,7 +61,7 @@ def planned_grid(spec: Any, r1_from: str | None = None, variant: str = "baseline
     return pd.DataFrame(rows)
 
 
-def _prior(prior: str, variant: str | None) -> tuple[dict[str, float], Any, str]:
+def _prior(prior: str, variant: str | None) -> tuple[dict[str, float], FitResult | None, str]:
     from loopscale.fit import PAPER_COEFFICIENTS
     from loopscale.fit.fitfile import load_fit
 
@@ -86,7 +89,7 @@ def _noise(
     cell_sigma: float | None,
     noise_from: list[Path],
     prior: dict[str, float],
-    doc: Any,
+    doc: FitResult | None,
     r1_from: str | None,
 ) -> Any:
     """Flags win; else estimated from a runs table (seeds where present); else the fit's residual RMSE.
@@ -119,7 +122,10 @@ def _noise(
         if src.is_file():
             est = residual_noise(src)
         else:
-            est = Noise(float(doc.variant().metrics.rmse), 0.0, "the fit's residual RMSE (its runs table is not here)")
+            rmse = doc.variant().metrics.rmse
+            est = Noise(
+                float("nan" if rmse is None else rmse), 0.0, "the fit's residual RMSE (its runs table is not here)"
+            )
     if est is None:
         est = Noise(0.01, 0.0, "default: the paper's residual RMSE per r, 0.009-0.011 nats (§5)")
     if sigma is not None or cell_sigma is not None:
@@ -132,7 +138,9 @@ def _noise(
     return est
 
 
-def _shared(noise: Any, doc: Any, technique: str, r1_from: str | None, runs: list[Path]) -> tuple[float, str]:
+def _shared(
+    noise: Any, doc: FitResult | None, technique: str, r1_from: str | None, runs: list[Path]
+) -> tuple[float, str]:
     """How much of the law's misfit a technique shares with the reference (correlation rho), from the prior fit's
     paired reading of it: its non-shared sd, less the seed noise of a point, is sqrt(1 - rho) x the misfit's sd.
     1 (all shared) when the fit has no paired reading of the technique."""
@@ -140,10 +148,11 @@ def _shared(noise: Any, doc: Any, technique: str, r1_from: str | None, runs: lis
 
     name = f"{technique}@{r1_from}" if r1_from else technique
     rec = None
-    if doc is not None and name in doc.variants and doc.variant(name).inference is not None:
-        rec = (doc.variant(name).inference.paired_delta_phi or {}).get("shared_law")
+    inf = doc.variant(name).inference if doc is not None and name in doc.variants else None
+    if inf is not None and inf.paired_delta_phi is not None:
+        rec = inf.paired_delta_phi.shared_law
     misfit = noise.misfit_sd
-    if rec is None or misfit <= 0:
+    if rec is None or rec.misfit is None or rec.misfit.not_shared_sd is None or misfit <= 0:
         return 1.0, "assumed: all of the misfit shared (no paired reading of the technique in the prior fit)"
     mean_loss, n_seeds = 1.0, 1.0
     if runs:
@@ -152,9 +161,7 @@ def _shared(noise: Any, doc: Any, technique: str, r1_from: str | None, runs: lis
         df = load_runs(runs).df
         mean_loss = float(df["val_loss"].mean())
         n_seeds = float(df["seed"].nunique()) if "seed" in df.columns else 1.0
-    if doc is not None and doc.settings.get("seed_means") is False:
-        n_seeds = 1.0
-    own = float(rec["misfit"]["not_shared_sd"]) * mean_loss  # log loss -> nats, at the runs' mean loss
+    own = float(rec.misfit.not_shared_sd) * mean_loss  # log loss -> nats, at the runs' mean loss
     own2 = max(own**2 - noise.run_sd**2 / n_seeds, 0.0)
     rho = float(np.clip(1 - own2 / misfit**2, 0.0, 1.0))
     return rho, (
@@ -259,7 +266,7 @@ def design(
         noise = dataclasses.replace(noise, shared=rho)
     fit_delta = delta
     if fit_delta is None:
-        stored = doc.settings.get("delta", 1e-3) if doc is not None else 1e-3
+        stored = doc.settings.delta if doc is not None else 1e-3
         fit_delta = sp.fit.delta if "fit" in sp.raw else float(stored)
     settings = DesignSettings(
         sims=sims,
@@ -444,7 +451,7 @@ def _print(
     )
 
 
-def _flops_per_s(runs: list[Path], doc: Any) -> tuple[float, float] | None:
+def _flops_per_s(runs: list[Path], doc: FitResult | None) -> tuple[float, float] | None:
     """(FLOP/s of one run, runs at a time) measured on the pilot's runs (their budgets over their wall time), so
     a grid's time is its FLOPs over both; None without timed runs."""
     import os

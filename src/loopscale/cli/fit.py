@@ -37,7 +37,7 @@ from loopscale.numbers import (
 from loopscale.numbers import phi as phi_txt
 
 if TYPE_CHECKING:
-    from loopscale.fit.result import FitResult
+    from loopscale.fit.result import DeltaInference, FitResult, PairedReading
 
 
 #: the fit's defaults (each written once, in ``fit.settings``), shown by --help.
@@ -274,29 +274,39 @@ def _summary(res: FitResult) -> dict[str, Any]:
             "r2": v.metrics.r2,
             "rmse": v.metrics.rmse,
             "rmse_per_r": v.metrics.rmse_per_r,
-            "restricted_r2": {k: x["r2"] for k, x in v.restricted.items()},
+            "restricted_r2": {k: x.r2 for k, x in v.restricted.items()},
             "held_out": {
                 "free": v.checks.held_out if v.checks else None,
-                **{k: x.get("held_out") for k, x in v.restricted.items()},
+                **{k: x.held_out for k, x in v.restricted.items()},
             },
             "converged": v.law.converged,
             "at_bounds": v.law.at_bounds,
             "verdict": phi_verdict(res, name).as_dict(),
             "law_variants": {
-                k: {key: x.get(key) for key in ("phi", "kappa", "r2", "rmse", "held_out")}
+                k: {key: getattr(x, key) for key in ("phi", "kappa", "r2", "rmse", "held_out")}
                 for k, x in v.law_variants.items()
             },
         }
-        out["variants"][name]["held_out"].update({k: x.get("held_out") for k, x in v.law_variants.items()})
+        out["variants"][name]["held_out"].update({k: x.held_out for k, x in v.law_variants.items()})
     for d in res.delta_phi:
-        row = {k: d.get(k) for k in ("reference", "variant", "delta_phi", "ci", "fraction_above_zero", "leading")}
+        row: dict[str, Any] = {
+            "reference": d.reference,
+            "variant": d.variant,
+            "delta_phi": d.delta_phi,
+            "ci": d.ci,
+            "fraction_above_zero": d.fraction_above_zero,
+            "leading": d.leading,
+        }
         inf = res.variants[d.variant].inference if d.variant in res.variants else None
         paired = inf.paired_delta_phi if inf is not None else None
         row["paired"] = None
-        if paired:
+        if paired is not None:
             keep = ("estimate", "ci", "tests", "at_bound", "misfit")
-            row["paired"] = {m: {k: paired[m].get(k) for k in keep} for m in ("shared_law", "separate_laws")}
-            row["paired"]["held_out"] = paired.get("held_out")
+            row["paired"] = {
+                m: {k: getattr(paired.reading(m.replace("_", " ")), k, None) for k in keep}
+                for m in ("shared_law", "separate_laws")
+            }
+            row["paired"]["held_out"] = paired.held_out
         out["delta_phi"].append(row)
     if res.compare:
         out["compare"] = res.compare
@@ -320,7 +330,7 @@ def _print_fit(res: FitResult, markdown: bool) -> None:
         phi_cell = "undetermined (no r > 1 runs)" if state is PhiState.UNDETERMINED else phi_txt(p.phi)
         if state is PhiState.FIXED:
             phi_cell += " (fixed)"
-        prof = ((rec.inference.phi if rec.inference else None) or {}).get("ci")
+        prof = rec.inference.phi.ci if rec.inference and rec.inference.phi else None
         boot = phi_interval(cis.get("phi"))
         if prof is not None:  # the calibrated interval, quoted; the block bootstrap's below it (secondary)
             t.add_row("phi", phi_cell, phi_interval(prof), f"{PROFILE} (quoted)")
@@ -335,26 +345,26 @@ def _print_fit(res: FitResult, markdown: bool) -> None:
         per_r = ", ".join(f"r={r}: {x:.4f}" for r, x in rec.metrics.rmse_per_r.items())
         t.add_row("RMSE (nats)", num(rec.metrics.rmse), per_r)
         for key, rf in rec.restricted.items():
-            t.add_row(f"R^2 restricted {key}", num(rf["r2"]), f"RMSE {rf['rmse']:.4f}")
+            t.add_row(f"R^2 restricted {key}", num(rf.r2), f"RMSE {rf.rmse:.4f}")
         for key, lv in rec.law_variants.items():
-            factor = "" if lv.get("kappa") is None else f", looped-loss factor 1{lv['kappa']:+.3f}"
-            t.add_row(f"R^2 {key}", num(lv["r2"]), f"RMSE {lv['rmse']:.4f}; phi {phi_txt(lv['phi'])}{factor}")
+            factor = "" if lv.kappa is None else f", looped-loss factor 1{lv.kappa:+.3f}"
+            t.add_row(f"R^2 {key}", num(lv.r2), f"RMSE {lv.rmse:.4f}; phi {phi_txt(lv.phi)}{factor}")
         for label, ho in (
             ("free", rec.checks.held_out if rec.checks else None),
-            *((k, rf.get("held_out")) for k, rf in rec.restricted.items()),
-            *((k, lv.get("held_out")) for k, lv in rec.law_variants.items()),
+            *((k, rf.held_out) for k, rf in rec.restricted.items()),
+            *((k, lv.held_out) for k, lv in rec.law_variants.items()),
         ):
-            if ho:
+            if ho is not None:
                 t.add_row(
                     f"held-out RMSE {label}",
-                    num(ho["extrapolation_rmse"]),
-                    f"top budget; leave-one-r-out {num(ho['leave_one_r_out_rmse'])}",
+                    num(ho.extrapolation_rmse),
+                    f"top budget; leave-one-r-out {num(ho.leave_one_r_out_rmse)}",
                 )
         for r, cf in rec.per_r.items():
             t.add_row(
                 f"R^2 Chinchilla r={r}",
-                num(cf["r2"]),
-                f"alpha {cf['params']['alpha']:.3f}, beta {cf['params']['beta']:.3f}",
+                num(cf.r2),
+                f"alpha {cf.params['alpha']:.3f}, beta {cf.params['beta']:.3f}",
             )
         n_near = rec.law.n_near_optimal
         t.add_row(
@@ -362,16 +372,16 @@ def _print_fit(res: FitResult, markdown: bool) -> None:
             "yes" if rec.law.converged else "NO",
             f"{n_near} near-optimal minim{'um' if n_near == 1 else 'a'}",
         )
-        checks: Any = rec.checks or {}
-        hs = checks.get("half_split")
-        if hs and hs["lower"]["phi"] is not None and hs["upper"]["phi"] is not None:
-            t.add_row("phi lower / upper budgets", f"{phi_txt(hs['lower']['phi'])} / {phi_txt(hs['upper']['phi'])}", "")
-        ex = checks.get("extrapolation")
-        if ex:
+        hs = rec.checks.half_split if rec.checks is not None else None
+        lower, upper = (hs.lower, hs.upper) if hs is not None else (None, None)
+        if lower is not None and upper is not None and lower.phi is not None and upper.phi is not None:
+            t.add_row("phi lower / upper budgets", f"{phi_txt(lower.phi)} / {phi_txt(upper.phi)}", "")
+        ex = rec.checks.extrapolation if rec.checks is not None else None
+        if ex is not None:
             t.add_row(
-                f"extrapolation RMSE (C={flops(ex['held_out_budget'])})",
-                num(ex["rmse"]),
-                f"bias {ex['bias']:+.4f}",
+                f"extrapolation RMSE (C={flops(ex.held_out_budget)})",
+                num(ex.rmse),
+                f"bias {ex.bias:+.4f}",
             )
         console.print(t)
     _print_frontier(res, style, level)
@@ -388,32 +398,39 @@ def _print_delta_phi(res: FitResult, style: box.Box, level: str) -> None:
         t.add_column(c, justify="right")
     reasons = []
     for d in res.delta_phi:
-        lead = (d.leading or {}).get("reading")
-        inf = d.inference or {}
+        lead = d.leading.reading if d.leading else None
+        inf = d.inference
         v_inf = res.variants[d.variant].inference if d.variant in res.variants else None
         paired = v_inf.paired_delta_phi if v_inf is not None else None
-        rows = [
-            ("separate fits (profile)", inf.get("estimate", d.delta_phi), inf.get("ci"), inf, lead == "separate fits")
+        rows: list[tuple[str, float | None, list[float] | None, DeltaInference | PairedReading | None, bool]] = [
+            (
+                "separate fits (profile)",
+                inf.estimate if inf is not None and inf.estimate is not None else d.delta_phi,
+                inf.ci if inf is not None else None,
+                inf,
+                lead == "separate fits",
+            )
         ]
         for model in paired_mod.MODELS:
             rec = paired_mod.reading(paired, model)
             if rec is not None:
                 name = f"paired ({model})"
-                rows.append((name + " (profile)", rec["estimate"], rec["ci"], rec, lead == name))
-        for label, est, ci, rec, leads in rows:
-            if rec is None and est is None:
+                rows.append((name + " (profile)", rec.estimate, rec.ci, rec, lead == name))
+        for label, est, ci, reading, leads in rows:
+            if reading is None and est is None:
                 continue
-            test = ((rec or {}).get("tests") or {}).get("delta_phi=0") or {}
+            test = reading.zero if reading is not None else None
+            p = test.p if test is not None else None
             t.add_row(
                 d.variant,
                 d.reference,
                 label,
                 MISSING if est is None else signed(est, PHI_DIGITS),
                 MISSING if not ci else interval(ci, PHI_DIGITS, is_signed=True),
-                MISSING if test.get("p") is None else f"{test['p']:.3g}",
+                MISSING if p is None else f"{p:.3g}",
                 "← leads" if leads else "",
             )
-        sec = d.secondary_ci or (inf.get("secondary") or {}).get("ci")
+        sec = d.secondary_ci or (inf.secondary.ci if inf is not None and inf.secondary is not None else None)
         if sec:
             t.add_row(
                 d.variant,
@@ -424,15 +441,15 @@ def _print_delta_phi(res: FitResult, style: box.Box, level: str) -> None:
                 "",
                 "",
             )
-        sh = d.shared or {}
-        if isinstance(sh.get("delta_phi"), int | float):
-            held = str((sh.get("held_out") or {}).get("supported"))
+        sh = d.shared
+        if sh is not None and isinstance(sh.delta_phi, int | float):
+            held = str(sh.held_out.supported if sh.held_out is not None else None)
             note = {"shared": "held-out: not contradicted", "separate": "held-out: contradicted"}.get(held, "")
             t.add_row(
-                d.variant, d.reference, "shared law (no interval)", signed(sh["delta_phi"], PHI_DIGITS), "", "", note
+                d.variant, d.reference, "shared law (no interval)", signed(sh.delta_phi, PHI_DIGITS), "", "", note
             )
         if d.leading:
-            reasons.append(f"{d.variant}: {d.leading['reason']}")
+            reasons.append(f"{d.variant}: {d.leading.reason}")
     console.print(t)
     for line in reasons:
         console.print(line, highlight=False, markup=False, soft_wrap=True)
@@ -441,11 +458,11 @@ def _print_delta_phi(res: FitResult, style: box.Box, level: str) -> None:
 def _print_frontier(res: FitResult, style: box.Box, level: str) -> None:
     """Compute-optimal frontier of the reference variant: law-based, with the empirical gap beside it."""
     v = res.variant()
-    rows = v.optima.get("frontier") or []
+    rows = v.optima.frontier
     if not rows:
         return
     cis = v.bootstrap.ci
-    emp = {(e["C"], e["r"]): e for e in v.optima.get("empirical", [])}
+    emp = {(e["C"], e["r"]): e for e in v.optima.empirical}
     t = Table(title=f"compute-optimal frontier (law) - {res.reference}", box=style)
     for c in ("C", "r", "d*", "N*", "D*", "D/N", "L*", "gap to r=1", f"{level} ({BLOCK_BOOTSTRAP})", "empirical gap"):
         t.add_column(c, justify="right")

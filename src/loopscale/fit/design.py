@@ -38,7 +38,7 @@ import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import as_completed
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -211,7 +211,20 @@ def simulate_table(
 
 
 # ---- one simulated study -------------------------------------------------------------------
-def _one(job: tuple[pd.DataFrame, np.ndarray, Noise, DesignSettings, int, bool]) -> dict[str, Any]:
+@dataclass
+class Simulated:
+    """What one simulated study's fit gave: phi-hat, whether it ran to the box, the block bootstrap's percentile
+    interval and each (C, r) cell's bracketing (with the bootstrap), and the calibrated profile interval (with
+    ``lr_draws``: the one `fit` quotes)."""
+
+    phi: float
+    at_bound: bool
+    ci: tuple[float, float] = (np.nan, np.nan)
+    bracketed: dict[str, bool] = field(default_factory=dict)
+    lr_ci: tuple[float, float] = (np.nan, np.nan)
+
+
+def _one(job: tuple[pd.DataFrame, np.ndarray, Noise, DesignSettings, int, bool]) -> Simulated:
     """Simulate and fit one study (runs in a worker process)."""
     grid, theta, noise, st, i, with_bootstrap = job
     rng = np.random.default_rng([st.seed, i])
@@ -222,7 +235,7 @@ def _one(job: tuple[pd.DataFrame, np.ndarray, Noise, DesignSettings, int, bool])
     data = LawData.from_arrays(grid["N_once"], grid["N_rec"], grid["D"], grid["r"], L)
     bounds = Bounds.paper(st.phi_bounds)
     if not np.all(L > 0):
-        return {"phi": np.nan, "ci": (np.nan, np.nan), "at_bound": False, "bracketed": {}}
+        return Simulated(np.nan, False)
     # The search (no bootstrap) also starts from the prior: it measures each grid's precision, and P(at box)
     # still shows grids whose fits escape to the box. Full simulations use random starts only, as `fit` does.
     extra = None if with_bootstrap else theta[None]
@@ -239,10 +252,7 @@ def _one(job: tuple[pd.DataFrame, np.ndarray, Noise, DesignSettings, int, bool])
     )[0]
     phi = float(best.theta[PHI])
     span = bounds.upper[PHI] - bounds.lower[PHI]
-    out: dict[str, Any] = {
-        "phi": phi,
-        "at_bound": bool(min(phi - bounds.lower[PHI], bounds.upper[PHI] - phi) <= 1e-6 * span),
-    }
+    out = Simulated(phi, bool(min(phi - bounds.lower[PHI], bounds.upper[PHI] - phi) <= 1e-6 * span))
     if with_bootstrap and st.bootstrap:
         W = cell_counts(int(cells.max()) + 1, st.bootstrap, rng)[:, cells]
         fits = refit_batch(
@@ -256,8 +266,8 @@ def _one(job: tuple[pd.DataFrame, np.ndarray, Noise, DesignSettings, int, bool])
             seed=rng,
         )
         draws = np.where(fits.phi_identifiable, fits.theta[:, PHI], np.nan)
-        out["ci"] = percentile_ci(draws, st.ci_level)
-        out["bracketed"] = _bracketed(grid, L)
+        lo, hi = percentile_ci(draws, st.ci_level)
+        out.ci, out.bracketed = (lo, hi), _bracketed(grid, L)
     if with_bootstrap and st.lr_draws:  # the interval `loopscale fit` quotes (docs/fit.md, "Inference")
         from loopscale.fit.inference import profile as inference
 
@@ -265,7 +275,8 @@ def _one(job: tuple[pd.DataFrame, np.ndarray, Noise, DesignSettings, int, bool])
         state = inference.VariantInference.run(
             best.theta, best.objective, bounds, data, cells, v, st.loss, st.delta, st.seed + i
         )
-        out["lr_ci"] = tuple(state.interval(st.ci_level)["ci"])
+        lo, hi = state.interval(st.ci_level).ci or (np.nan, np.nan)
+        out.lr_ci = (lo, hi)
     return out
 
 
@@ -277,6 +288,7 @@ def _bracketed(grid: pd.DataFrame, L: np.ndarray) -> dict[str, bool]:
     return {f"{c:.3g}|{r}": bool(b) for c, r, b in zip(emp["C"], emp["r"], emp["bracketed"], strict=True)}
 
 
+T = TypeVar("T")
 _WORKER_BLAS: list[Any] = []
 
 
@@ -290,11 +302,11 @@ def _worker_init() -> None:
 
 
 def run_jobs(
-    fn: Callable[[Any], dict[str, Any]],
+    fn: Callable[[Any], T],
     jobs: list[Any],
     workers: int,
     progress: Callable[[int, int], None] | None,
-) -> list[dict[str, Any]]:
+) -> list[T]:
     """``fn`` of every job in worker processes (fork: numpy and scipy are already imported), results in job order.
 
     Ctrl-C (or a failing job) kills the workers and drops the queued jobs at once (``loopscale.pool``)."""
@@ -302,7 +314,7 @@ def run_jobs(
 
     n = len(jobs)
     workers = min(workers or (os.cpu_count() or 1), n)
-    out: list[dict[str, Any] | None] = [None] * n
+    out: list[T | None] = [None] * n
     if workers <= 1:
         with single_thread_blas():  # once for all jobs: the fitter's own (nested) limits are then free
             for i, job in enumerate(jobs):
@@ -404,8 +416,8 @@ def _simulate(
     g["seed"] = grid["seed"].to_numpy() if "seed" in grid.columns else 0  # keys each run's noise
     rows = run_jobs(_one, [(g, theta, noise, st, i, with_bootstrap) for i in range(st.sims)], st.workers, progress)
     phi_true = float(prior["phi"])
-    phis = np.array([r["phi"] for r in rows], dtype=float)
-    bound = np.array([r["at_bound"] for r in rows], dtype=bool)
+    phis = np.array([r.phi for r in rows], dtype=float)
+    bound = np.array([r.at_bound for r in rows], dtype=bool)
     z = _z(st.ci_level)
     res = DesignResult(
         n_runs=len(g),
@@ -425,7 +437,7 @@ def _simulate(
         at_bound=float(np.mean(bound)),
     )
     if with_bootstrap and st.bootstrap:
-        iv = _intervals(np.array([r["ci"] for r in rows], dtype=float), phi_true, bound, st)
+        iv = _intervals(np.array([r.ci for r in rows], dtype=float), phi_true, bound, st)
         res.ci_width, res.ci_width_sd = iv["mean"], iv["sd"]
         res.coverage, res.reject_0, res.reject_1, res.identified = (
             iv["coverage"],
@@ -434,11 +446,11 @@ def _simulate(
             iv["resolved"],
         )
         keys = sorted(
-            {k for r in rows for k in r["bracketed"]}, key=lambda k: (float(k.split("|")[0]), int(k.split("|")[1]))
+            {k for r in rows for k in r.bracketed}, key=lambda k: (float(k.split("|")[0]), int(k.split("|")[1]))
         )
-        res.bracketed = {k: float(np.mean([r["bracketed"].get(k, False) for r in rows])) for k in keys}
+        res.bracketed = {k: float(np.mean([r.bracketed.get(k, False) for r in rows])) for k in keys}
     if with_bootstrap and st.lr_draws:  # the interval `fit` quotes; the verdict reads it, so "resolved" too
-        iv = _intervals(np.array([r.get("lr_ci", (np.nan, np.nan)) for r in rows], dtype=float), phi_true, bound, st)
+        iv = _intervals(np.array([r.lr_ci for r in rows], dtype=float), phi_true, bound, st)
         res.lr_ci_width, res.lr_ci_width_median = iv["mean"], iv["median"]
         res.lr_coverage, res.lr_reject_0, res.lr_reject_1, res.identified = (
             iv["coverage"],

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel
 
 from loopscale.errors import ConfigError
 from loopscale.fit.law.formula import COEFFICIENTS, params_to_theta
@@ -22,7 +23,9 @@ from loopscale.io import atomic_write_text
 
 
 def json_ready(obj: Any) -> Any:
-    """numpy and NaN-free, JSON-ready copy of obj."""
+    """numpy and NaN-free, JSON-ready copy of obj (a record of ``fit.result``: its fit-file dict)."""
+    if isinstance(obj, BaseModel):
+        return json_ready(obj.model_dump(exclude_unset=True))
     if isinstance(obj, dict):
         return {str(k): json_ready(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):

@@ -33,6 +33,7 @@ from loopscale.fit.design import (
     study_cost,
 )
 from loopscale.fit.law.formula import PHI, LawData, params_to_theta
+from loopscale.fit.result import DeltaInference, Leading, PairedReading
 
 READINGS: tuple[str, ...] = ("separate fits", "paired (shared law)", "paired (separate laws)", "leading")
 
@@ -59,13 +60,14 @@ def _table(grid: pd.DataFrame, L: np.ndarray, variant: str, means: bool) -> pd.D
     return df
 
 
-def _reading(rec: dict[str, Any] | None, truth: float) -> dict[str, Any]:
+def _reading(rec: Leading | PairedReading | DeltaInference | None, truth: float) -> dict[str, Any]:
     if rec is None:
         return {"estimate": np.nan, "lo": np.nan, "hi": np.nan, "p": np.nan, "covers": np.nan, "rejects": np.nan}
-    lo, hi = (float(x) for x in rec["ci"])
-    p = float(rec["p"] if "p" in rec else rec["tests"]["delta_phi=0"]["p"])
+    lo, hi = (float(x) for x in (rec.ci or [np.nan, np.nan]))
+    zero = rec.p if isinstance(rec, Leading) else (rec.zero.p if rec.zero is not None else None)
+    p = np.nan if zero is None else float(zero)
     return {
-        "estimate": float(rec["estimate"]),
+        "estimate": np.nan if rec.estimate is None else float(rec.estimate),
         "lo": lo,
         "hi": hi,
         "p": p,
@@ -121,7 +123,7 @@ def one_study(job: PairJob) -> dict[str, Any]:
         "separate fits": _reading(sep, job.delta_phi),
         **{f"paired ({m})": _reading(paired.reading(pr, m), job.delta_phi) for m in paired.MODELS},
         "leading": _reading(lead, job.delta_phi),
-        "lead": None if lead is None else lead["reading"],
+        "lead": None if lead is None else lead.reading,
     }
 
 

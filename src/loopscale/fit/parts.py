@@ -24,7 +24,17 @@ from loopscale.fit.inference import profile
 from loopscale.fit.inference.bootstrap import percentile_ci, refit_batch
 from loopscale.fit.law.formula import COEFFICIENTS, PARAMS, LawData, params_to_theta, r_power, theta_to_params
 from loopscale.fit.law.joint import JointLaw
-from loopscale.fit.result import Bootstrap, Checks, Inference, LawRecord, Metrics, Optima, SubFit
+from loopscale.fit.result import (
+    Bootstrap,
+    Checks,
+    HeldOutErrors,
+    Inference,
+    LawRecord,
+    LawVariantFit,
+    Metrics,
+    Optima,
+    SubFit,
+)
 from loopscale.fit.settings import FitSettings
 from loopscale.fit.table import RunsTable, budget_values
 
@@ -140,17 +150,17 @@ def fit_restricted(vr: VariantRuns, law: JointLaw) -> dict[str, SubFit]:
         rl = st.law(phi=phi).fit(vr.runs, extra_starts=law.theta_[None])
         rec = _sub_fit(rl, rl.params_)
         if st.checks:
-            rec.held_out = checks_mod.run_checks(rl, vr.runs, restarts=st.checks_restarts, split=False)["held_out"]
+            rec.held_out = checks_mod.run_checks(rl, vr.runs, restarts=st.checks_restarts, split=False).held_out
         out[f"phi={phi:g}"] = rec
     return out
 
 
-def fit_law_variants(vr: VariantRuns, law: JointLaw) -> dict[str, Any]:
+def fit_law_variants(vr: VariantRuns, law: JointLaw) -> dict[str, LawVariantFit]:
     """Law variants beyond phi = 0 / 1 (``law.variants.REGISTRY``: e.g. a loop-structure factor), each with its
     own phi, judged by the same held-out errors as the free and restricted laws (docs/extending.md)."""
     from loopscale.fit.law import variants
 
-    st, out = vr.settings, dict[str, Any]()
+    st, out = vr.settings, dict[str, LawVariantFit]()
     if not law.phi_identifiable_:
         return out
     # Half the checks' starts: every fit of a variant is warm-started (from the free law's optimum, or the
@@ -162,9 +172,9 @@ def fit_law_variants(vr: VariantRuns, law: JointLaw) -> dict[str, Any]:
             continue
         vr.say(f"[{vr.name}] law variant {name}")
         tl.fit(vr.runs, extra_starts=law.theta_[None])
-        out[name] = tl.record()
+        out[name] = LawVariantFit(**tl.record())
         if st.checks:
-            out[name]["held_out"] = checks_mod.run_checks(tl, vr.runs, restarts=restarts, split=False)["held_out"]
+            out[name].held_out = checks_mod.run_checks(tl, vr.runs, restarts=restarts, split=False).held_out
     return out
 
 
@@ -292,7 +302,7 @@ def fit_checks(vr: VariantRuns, law: JointLaw) -> Checks | None:
     if not vr.settings.checks:
         return None
     vr.say(f"[{vr.name}] validation: extrapolation, leave-one-r-out, half split")
-    out = Checks(**checks_mod.run_checks(law, vr.runs, restarts=vr.settings.checks_restarts))
+    out = checks_mod.run_checks(law, vr.runs, restarts=vr.settings.checks_restarts)
     if not law.phi_undetermined and len(vr.rs) == 2:
         vr.warn(
             "leave-one-r-out skipped: with two r values each refit sees one r, where φ is undetermined or "
@@ -314,19 +324,19 @@ def fit_inference(
     state = profile.VariantInference.run(
         law.theta_, law.objective_, law.bounds(), LawData.from_frame(vr.df), vr.cells, V, st.loss, st.delta, st.seed
     )
-    inf = Inference(**state.record(st.ci_level, rec, rec.bootstrap, tuple(st.restricted), paper=paper))
+    inf = state.record(st.ci_level, rec, rec.bootstrap, tuple(st.restricted), paper=paper)
     if st.checks:
-        _held_out_of_rejected(vr, inf, (rec.checks or {}).get("held_out"), law)
+        _held_out_of_rejected(vr, inf, rec.checks.held_out if rec.checks is not None else None, law)
     return inf, state
 
 
-def _held_out_of_rejected(vr: VariantRuns, inf: Inference, free_held: Any, law: JointLaw) -> None:
+def _held_out_of_rejected(vr: VariantRuns, inf: Inference, free_held: HeldOutErrors | None, law: JointLaw) -> None:
     st = vr.settings
     for t in inf.tests.values():
-        if not t["rejected"] or t["held_out_worse"] is not None:
+        if not t.rejected or t.held_out_worse is not None:
             continue
-        rl = st.law(phi=t["value"], restarts=max(st.checks_restarts, 50)).fit(vr.runs, extra_starts=law.theta_[None])
-        held = checks_mod.run_checks(rl, vr.runs, restarts=st.checks_restarts, split=False)["held_out"]
-        t["held_out"] = held
-        t["held_out_worse"] = profile.held_out_worse(free_held, held)
-        t["ruled_out"] = bool(t["held_out_worse"])
+        rl = st.law(phi=t.value, restarts=max(st.checks_restarts, 50)).fit(vr.runs, extra_starts=law.theta_[None])
+        held = checks_mod.run_checks(rl, vr.runs, restarts=st.checks_restarts, split=False).held_out
+        t.held_out = held
+        t.held_out_worse = profile.held_out_worse(free_held, held)
+        t.ruled_out = bool(t.held_out_worse)

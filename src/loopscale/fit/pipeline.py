@@ -24,7 +24,7 @@ from loopscale.fit.inference import profile
 from loopscale.fit.inference import shared as shared_mod
 from loopscale.fit.inference.bootstrap import cell_counts, percentile_ci
 from loopscale.fit.inference.verdict import data_rule
-from loopscale.fit.result import DeltaPhi, FitResult, VariantFit
+from loopscale.fit.result import DeltaPhi, FitResult, PairedDelta, VariantFit
 from loopscale.fit.settings import FitSettings
 from loopscale.fit.table import as_runs, budget_values, is_control_refit, r1_anchor, tokens_per_step
 
@@ -190,7 +190,7 @@ def delta_phi(
         if a_fit.state is not None and b_fit.state is not None:
             say(f"[{v}] inference: Δφ against {ref}")
             entry.inference = profile.delta_record(a_fit.state, b_fit.state, settings.ci_level, d)
-            entry.ci = entry.inference["ci"]
+            entry.ci = entry.inference.ci
             entry.secondary_ci = percentile_ci(d, settings.ci_level)
         entry.loss_gap = shared_mod.loss_gap(a_fit.frame, b_fit.frame, settings.ci_level)
         fv = b_fit.frame  # the runs the reference also holds (shared r = 1 runs, a control's) enter once
@@ -199,7 +199,7 @@ def delta_phi(
         if settings.shared:
             say(f"[{v}] shared-law Δφ against {ref}" + (" with held-out cells" if settings.checks else ""))
             entry.shared = shared_mod.shared_record(a_fit.frame, own, settings.law(), checks=settings.checks)
-        paired: dict[str, Any] | None = None
+        paired: PairedDelta | None = None
         if V is not None and b_fit.record.inference is not None and a_fit.cells is not None:
             say(f"[{v}] paired Δφ against {ref}: {settings.lr_draws} wild-bootstrap tables")
             assert b_fit.cells is not None
@@ -217,10 +217,11 @@ def delta_phi(
                 seed=settings.seed,
             )
             if paired is not None:
-                b_fit.record.inference.paired_delta_phi = {"reference": ref, **paired}
+                paired.reference = ref
+                b_fit.record.inference.paired_delta_phi = paired
         entry.leading = paired_mod.leading(paired, entry.inference)
         if entry.leading is not None:
-            entry.ci = entry.leading["ci"]
+            entry.ci = entry.leading.ci
         out.append(entry)
     return out
 

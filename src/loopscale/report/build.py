@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 from matplotlib.figure import Figure
 
+from loopscale.fit.result import DeltaPhi, Inference, Test
 from loopscale.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from loopscale.numbers import interval_method
 from loopscale.report import figures, tables
@@ -89,9 +90,9 @@ def build_panels(
             panel.files = [f"figures/{name}.{fmt}" for fmt in formats]
         panel.tables = [t for t in tabs.get(name, []) if t is not None]
         panel.details = [t for t in details.get(name, []) if t is not None]
-        if name == "phi" and panel.tables and ctx.fit.get("delta_phi"):
+        if name == "phi" and panel.tables and ctx.result.delta_phi:
             panel.lead_title = "Δφ per technique: the leading reading, its test, the loss on the same runs"
-            panel.lead = [delta_phi_quote(d) for d in ctx.fit["delta_phi"]]
+            panel.lead = [delta_phi_quote(d) for d in ctx.result.delta_phi]
             panel.after = tables.leading_reasons(ctx)
             panel.after_title = "Why each leading reading leads"
         panels.append(panel)
@@ -193,42 +194,45 @@ def headline_record(ctx: ReportContext, index: Path) -> dict[str, Any]:
         "reference_variant": ctx.variant,
         **one(ctx.verdict),
         "variants": {name: one(v) for name, v in ctx.verdicts.items() if name != ctx.variant},
-        "delta_phi": [delta_phi_record(d) for d in ctx.fit.get("delta_phi") or []],
+        "delta_phi": [delta_phi_record(d) for d in ctx.result.delta_phi],
         "report": str(index),
     }
 
 
-def delta_phi_record(d: dict[str, Any]) -> dict[str, Any]:
+def delta_phi_record(d: DeltaPhi) -> dict[str, Any]:
     """One technique's Δφ as headline.json states it: the leading reading (estimate, interval, test) and its
     sentence; the other readings stay in the fit file, each under its own method."""
-    lead = d.get("leading") or {}
-    inf = d.get("inference") or {}
-    test = (inf.get("tests") or {}).get("delta_phi=0") or {}
+    lead, inf = d.leading, d.inference
+    test = (inf.zero if inf is not None else None) or Test()
+    if lead is not None:
+        reading, estimate, ci, p, rejected = lead.reading, lead.estimate, lead.ci or d.ci, lead.p, lead.rejected
+    else:
+        reading = "separate fits" if inf is not None else "block bootstrap percentile"
+        estimate = inf.estimate if inf is not None and "estimate" in inf.model_fields_set else d.delta_phi
+        ci, p, rejected = d.ci, test.p, test.rejected
     return {
-        "variant": d["variant"],
-        "reference": d["reference"],
-        "reading": lead.get("reading") or ("separate fits" if inf else "block bootstrap percentile"),
-        "estimate": lead.get("estimate", inf.get("estimate", d.get("delta_phi"))),
-        "ci": lead.get("ci") or d.get("ci"),
-        "p": lead.get("p", test.get("p")),
-        "rejected": lead.get("rejected", test.get("rejected")),
-        "why_it_leads": lead.get("reason"),
+        "variant": d.variant,
+        "reference": d.reference,
+        "reading": reading,
+        "estimate": estimate,
+        "ci": ci,
+        "p": p,
+        "rejected": rejected,
+        "why_it_leads": lead.reason if lead is not None else None,
         "sentence": delta_phi_quote(d),
-        "loss_gap": d.get("loss_gap"),
+        "loss_gap": d.loss_gap.to_dict() if d.loss_gap is not None else None,
     }
 
 
-def brief_inference(inference: Any) -> dict[str, Any] | None:
+#: what headline.json leaves out of a variant's inference record: the profile's grid and the null draws
+_BRIEF: dict[str, Any] = {
+    "profile": True,
+    "null": {"stat"},
+    "paired_delta_phi": {"shared_law": {"profile"}, "separate_laws": {"profile"}},
+}
+
+
+def brief_inference(inference: Inference | None) -> dict[str, Any] | None:
     """A variant's inference record without the profile's grid and the null draws (the numbers every sentence
     uses)."""
-    if inference is None:
-        return None
-    out = {k: v for k, v in dict(inference).items() if k != "profile"}
-    if isinstance(out.get("null"), dict):
-        out["null"] = {k: v for k, v in out["null"].items() if k != "stat"}
-    paired = out.get("paired_delta_phi")
-    if isinstance(paired, dict):
-        out["paired_delta_phi"] = {
-            k: ({m: x for m, x in v.items() if m != "profile"} if isinstance(v, dict) else v) for k, v in paired.items()
-        }
-    return out
+    return None if inference is None else inference.to_dict(exclude=_BRIEF)

@@ -29,7 +29,6 @@ from loopscale.report.style import Palette
 class ReportContext:
     inputs: ReportInputs
     variant: str
-    record: dict[str, Any]  # the fit file's record of the reference variant
     law: JointLaw
     draws: np.ndarray | None  # bootstrap thetas (S, 6), finite rows only
     df: pd.DataFrame  # the variant's runs, with _C, N, pred, resid
@@ -43,12 +42,8 @@ class ReportContext:
     verdict: Verdict
     verdicts: dict[str, Verdict]
     palette: Palette
-    result: FitResult  # the fit, typed (``loopscale.fit.result``), validated once when the context is built
+    result: FitResult  # the fit file, typed (``loopscale.fit.result``): every reader reads its attributes
     notes: list[str] = field(default_factory=list)
-
-    @property
-    def fit(self) -> dict[str, Any]:
-        return self.inputs.fit
 
     @property
     def variant_fit(self) -> VariantFit:
@@ -61,10 +56,9 @@ class ReportContext:
 
     @classmethod
     def build(cls, inputs: ReportInputs) -> ReportContext:
-        fit = inputs.fit
-        variant = inputs.reference
-        rec = fit["variants"][variant]
-        result = FitResult.of(fit)
+        result = inputs.fit
+        variant = result.reference
+        rec = result.variant(variant)
         law, draws = law_from_fit(result, variant)
         if law.phi_undetermined:
             draws = None  # phi undetermined: draws carry no information about phi
@@ -77,7 +71,7 @@ class ReportContext:
         df["resid"] = df["val_loss"] - df["pred"]
         rs = sorted(int(r) for r in set(df["r"]))
         budgets = sorted(set(df["_C"])) if "_C" in df.columns else []
-        template = dict(fit.get("template") or grids.PAPER_MODEL)
+        template = dict(result.template or grids.PAPER_MODEL)
         notes = list(inputs.notes)
         frontier_rs = valid_rs(template, rs)
         if law.phi_undetermined:
@@ -85,18 +79,16 @@ class ReportContext:
         mismatch = _template_mismatch(template, df)
         if mismatch:
             notes.append(mismatch)
-        opt = rec.get("optima") or {}
-        empirical = pd.DataFrame(opt.get("empirical") or [])
+        empirical = pd.DataFrame(rec.optima.empirical)
         if empirical.empty and "C" in df.columns:
             empirical = empirical_optima(df)
-        frontier = pd.DataFrame(opt.get("frontier") or [])
+        frontier = pd.DataFrame(rec.optima.frontier)
         verdicts = all_verdicts(result)
         axes_rs = inputs.axes["r"].tolist() + inputs.axes["r_eval"].tolist() if inputs.axes is not None else []
         palette = Palette.for_rs(rs, inputs.runs.df["r"], axes_rs)
         return cls(
             inputs=inputs,
             variant=variant,
-            record=rec,
             law=law,
             draws=draws,
             df=df,

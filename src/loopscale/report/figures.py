@@ -32,6 +32,8 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
 from loopscale.fit.allocation import law_frontier
+from loopscale.fit.inference.verdict import finite_or_none
+from loopscale.fit.result import Metrics, SubFit, VariantFit
 from loopscale.numbers import count, flops
 from loopscale.report import style
 from loopscale.report.context import ReportContext
@@ -501,9 +503,8 @@ def fig_residuals(ctx: ReportContext) -> Figure:
 
 
 # ---- 5. phi: bootstrap, restricted fits, Delta-phi ---------------------------------------------
-def _phi_draws(rec: dict[str, Any]) -> np.ndarray:
-    raw = ((rec.get("bootstrap") or {}).get("draws") or {}).get("phi") or []
-    d = np.array([np.nan if x is None else x for x in raw], dtype=float)
+def _phi_draws(rec: VariantFit) -> np.ndarray:
+    d = rec.bootstrap.draws_of("phi")
     return d[np.isfinite(d)]
 
 
@@ -520,7 +521,7 @@ def fig_phi(ctx: ReportContext) -> Figure:
 
 def _phi_histogram(ax: Axes, ctx: ReportContext) -> None:
     v = ctx.verdict
-    draws = _phi_draws(ctx.record)
+    draws = _phi_draws(ctx.variant_fit)
     ax.set_title("block bootstrap of φ, quoted interval")
     if v.phi is None:
         _empty(ax, "")
@@ -600,23 +601,23 @@ def _probe_panel(ax: Axes, ctx: ReportContext) -> None:
     """
     from loopscale.fit.paper import PAPER_COEFFICIENTS, PAPER_PHI_CI
 
-    fit = ctx.fit
-    dphi = {d["variant"]: d for d in fit.get("delta_phi") or []}
-    names = list(fit["variants"])
+    fit = ctx.result
+    dphi = {d.variant: d for d in fit.delta_phi}
+    names = list(fit.variants)
     rows: list[tuple[str, float | None, Any, bool, str]] = []
     for name in names:
         vd = ctx.verdicts[name]
         label = name + (" (ref.)" if name == ctx.variant and len(names) > 1 else "")
         d = dphi.get(name)
-        lead = (d or {}).get("leading") or {}
-        est = lead.get("estimate", (d or {}).get("delta_phi"))
+        lead = d.leading if d is not None else None
+        est = lead.estimate if lead is not None else d.delta_phi if d is not None else None
         if d is not None and est is not None:  # the leading reading's estimate with its own interval
-            ci_d = lead.get("ci") or d.get("ci") or [None, None]
+            ci_d = (lead.ci if lead is not None else None) or d.ci or [None, None]
             label += f"\nΔφ {est:+.3f}"
-            if ci_d[0] is not None:
+            if finite_or_none(ci_d[0]) is not None:
                 label += f" [{ci_d[0]:+.2f}, {ci_d[1]:+.2f}]"
-            if lead.get("reading"):
-                label += f"\n({lead['reading']})"
+            if lead is not None and lead.reading:
+                label += f"\n({lead.reading})"
         if vd.phi is not None and not vd.resolved:
             label += "\nnot resolved"
         rows.append((label, vd.phi, vd.ci, vd.resolved, name))
@@ -668,15 +669,15 @@ def _probe_panel(ax: Axes, ctx: ReportContext) -> None:
 
 def _restricted_panel(ax: Axes, ctx: ReportContext) -> None:
     """RMSE and R^2 of the free fit against the fits with phi fixed to 0 and to 1."""
-    rec = ctx.record
-    rows = [("free φ" if ctx.verdict.phi is not None else "no φ", rec["metrics"])]
-    for key, rf in (rec.get("restricted") or {}).items():
+    rec = ctx.variant_fit
+    rows: list[tuple[str, Metrics | SubFit]] = [("free φ" if ctx.verdict.phi is not None else "no φ", rec.metrics)]
+    for key, rf in rec.restricted.items():
         rows.append((key.replace("phi=", "φ = "), rf))
-    rmse = [float(m["rmse"]) for _, m in rows]
+    rmse = [float(np.nan if m.rmse is None else m.rmse) for _, m in rows]
     y = np.arange(len(rows))[::-1]
     ax.barh(y, rmse, color=["#000000"] + ["#9a9a9a"] * (len(rows) - 1), height=0.55)
     for yi, (_, m), val in zip(y, rows, rmse, strict=True):
-        ax.text(val, yi, f" R² {m['r2']:.4f}", va="center", ha="left", fontsize=8)
+        ax.text(val, yi, f" R² {np.nan if m.r2 is None else m.r2:.4f}", va="center", ha="left", fontsize=8)
     ax.set_yticks(y, [n for n, _ in rows])
     ax.set_xlim(0, max(rmse) * 2.0)
     ax.set_ylim(-0.7, len(rows) - 0.3)

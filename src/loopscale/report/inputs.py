@@ -42,7 +42,7 @@ class ReportInputs:
     """Everything one report is made from, with where each piece came from."""
 
     runs: RunsTable
-    fit: dict[str, Any]
+    fit: FitResult  # as read from the fit file (every number on the page is traceable to it)
     fit_source: str
     fit_computed: bool
     axes: pd.DataFrame | None = None
@@ -51,7 +51,7 @@ class ReportInputs:
 
     @property
     def reference(self) -> str:
-        return str(self.fit.get("reference_variant") or next(iter(self.fit["variants"])))
+        return self.fit.reference
 
 
 def runs_folder(runs: Any) -> Path | None:
@@ -162,7 +162,7 @@ def load_inputs(
     if axes_path is not None:
         axes_df = read_axes(axes_path)
         axes_source = "<axes table>" if isinstance(axes_path, pd.DataFrame) else str(axes_path)
-    return ReportInputs(table, fit_doc, fit_source, computed, axes_df, axes_source, notes)
+    return ReportInputs(table, FitResult.of(fit_doc), fit_source, computed, axes_df, axes_source, notes)
 
 
 def _check_fit_matches_runs(doc: dict[str, Any], table: RunsTable) -> list[str]:

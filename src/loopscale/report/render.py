@@ -181,9 +181,7 @@ def headline(ctx: ReportContext) -> dict[str, Any]:
         "method": quoted_method(v),
         "reasons": v.reasons,
         "controls": control_refits(ctx),
-        "delta_phi": [
-            f"{d['variant']} − {d['reference']}: {delta_phi_reading(d)}" for d in ctx.fit.get("delta_phi") or []
-        ],
+        "delta_phi": [f"{d.variant} − {d.reference}: {delta_phi_reading(d)}" for d in ctx.result.delta_phi],
         "variant": ctx.variant,
         "plain": explain,
         "limits": limits,
@@ -236,7 +234,7 @@ def _empirical_gaps(ctx: ReportContext) -> list[str]:
 
 def _controls(ctx: ReportContext) -> list[str]:
     """The re-fits of this page's recipe against control r = 1 runs (``V@C``)."""
-    return [name for name in ctx.fit.get("variants") or {} if name.startswith(f"{ctx.variant}{CONTROL_SEP}")]
+    return [name for name in ctx.result.variants if name.startswith(f"{ctx.variant}{CONTROL_SEP}")]
 
 
 def _control_extras(o: Verdict) -> list[str]:
@@ -256,15 +254,14 @@ def grouped_warnings(ctx: ReportContext) -> tuple[list[str], list[str]]:
         said |= set(o.reasons) | set(_control_extras(o))
     limits: list[str] = []
     control: list[str] = []
-    no_checks: dict[str, Any] = {}
-    hs = (ctx.variant_fit.checks or no_checks).get("half_split") or {}
+    checks = ctx.variant_fit.checks
+    moved_by = checks.half_split.phi_difference if checks is not None and checks.half_split is not None else None
     moved = []
-    if hs.get("phi_difference") is not None and v.resolved and abs(hs["phi_difference"]) > 0.2:
+    if moved_by is not None and v.resolved and abs(moved_by) > 0.2:
         moved.append(
-            f"φ moves by {hs['phi_difference']:+.2f} between the lower and upper half of the budgets: "
-            "the estimate depends on scale"
+            f"φ moves by {moved_by:+.2f} between the lower and upper half of the budgets: the estimate depends on scale"
         )
-    for w in [*ctx.notes, *v.caveats, *moved, *(ctx.fit.get("warnings") or [])]:
+    for w in [*ctx.notes, *v.caveats, *moved, *ctx.result.warnings]:
         tag = w[1 : w.index("]")] if w.startswith("[") and "]" in w else None
         (control if tag in controls else limits).append(w)
     for name in controls:
@@ -279,7 +276,7 @@ def control_refits(ctx: ReportContext) -> list[str]:
     result, so it belongs in the verdict, not only in the variants table."""
     out = []
     for name in _controls(ctx):
-        o = phi_verdict(ctx.fit, name)
+        o = phi_verdict(ctx.result, name)
         est = "φ undetermined" if o.phi_undetermined else f"φ̂ = {phi_ci(o.phi, o.ci)}"
         why = f" — {NOT_IDENTIFIED} ({'; '.join(o.reasons)})" if not o.resolved else " — resolved"
         control = name.split(CONTROL_SEP, 1)[1]

@@ -13,6 +13,17 @@ import pandas as pd
 
 from loopscale.fit.inference.paired import reading
 from loopscale.fit.law.formula import equivalent_N
+from loopscale.fit.result import (
+    DeltaInference,
+    DeltaPhi,
+    FitResult,
+    HalfFit,
+    Leading,
+    PairedReading,
+    SharedReading,
+    Test,
+    finite_ends,
+)
 from loopscale.fit.table import r1_anchor
 from loopscale.numbers import (
     BLOCK_BOOTSTRAP,
@@ -76,12 +87,12 @@ def coefficients_table(ctx: ReportContext) -> Table:
     """The joint law's coefficients, each interval named by its method: φ's quoted interval is the verdict's (the
     calibrated profile likelihood of ``inference.phi``), the block bootstrap's percentile interval of φ follows it
     as the secondary one, and α, β, E, A, B have the block bootstrap's only."""
-    rec, v = ctx.record, ctx.verdict
-    p = ctx.variant_fit.params.as_dict()
-    cis = ctx.variant_fit.bootstrap.ci
+    rec, v = ctx.variant_fit, ctx.verdict
+    p = rec.params.as_dict()
+    cis = rec.bootstrap.ci
     rows, classes = [], []
-    undetermined = ctx.variant_fit.phi_undetermined
-    phi_val = "undetermined" if undetermined else phi_txt(p["phi"])
+    undetermined = rec.phi_undetermined
+    phi_val = "undetermined" if undetermined else phi_txt(rec.params.phi)
     if not undetermined and not v.resolved:
         phi_val += " (not resolved)"
     quoted = phi_interval(v.ci)
@@ -101,36 +112,31 @@ def coefficients_table(ctx: ReportContext) -> Table:
         ci = interval(cis.get(key))
         rows.append([name, num(p[key]), ci, "" if ci == MISSING else BLOCK_BOOTSTRAP])
         classes.append("")
-    m = rec["metrics"]
-    rows.append(["R² (raw nats)", num(m["r2"]), "", ""])
-    per_r = ", ".join(f"r={r}: {x:.4f}" for r, x in (m.get("rmse_per_r") or {}).items())
-    rows.append(["RMSE (nats/token)", num(m["rmse"]), per_r, ""])
-    for key, rf in (rec.get("restricted") or {}).items():
-        rows.append([f"restricted fit {key.replace('phi', 'φ')}: R²", num(rf["r2"]), f"RMSE {rf['rmse']:.4f}", ""])
+    m = rec.metrics
+    rows.append(["R² (raw nats)", num(m.r2), "", ""])
+    per_r = ", ".join(f"r={r}: {x:.4f}" for r, x in m.rmse_per_r.items())
+    rows.append(["RMSE (nats/token)", num(m.rmse), per_r, ""])
+    for key, rf in rec.restricted.items():
+        rows.append([f"restricted fit {key.replace('phi', 'φ')}: R²", num(rf.r2), f"RMSE {rf.rmse:.4f}", ""])
     for label, ho in (
-        ("free fit", (rec.get("checks") or {}).get("held_out")),
-        *(
-            (f"restricted fit {k.replace('phi', 'φ')}", rf.get("held_out"))
-            for k, rf in (rec.get("restricted") or {}).items()
-        ),
+        ("free fit", rec.checks.held_out if rec.checks is not None else None),
+        *((f"restricted fit {k.replace('phi', 'φ')}", rf.held_out) for k, rf in rec.restricted.items()),
     ):
-        if ho and ho.get("extrapolation_rmse") is not None:
-            lor = ho.get("leave_one_r_out_rmse")
+        if ho is not None and ho.extrapolation_rmse is not None:
+            lor = ho.leave_one_r_out_rmse
             rows.append(
                 [
                     f"{label}: held-out RMSE, top budget",
-                    num(ho["extrapolation_rmse"]),
+                    num(ho.extrapolation_rmse),
                     "" if lor is None else f"leave-one-r-out {lor:.4f}",
                     "",
                 ]
             )
-    for r, cf in (rec.get("per_r") or {}).items():
-        cp = cf["params"]
-        rows.append(
-            [f"Chinchilla fit r = {r} alone: R²", num(cf["r2"]), f"α {cp['alpha']:.3f}, β {cp['beta']:.3f}", ""]
-        )
+    for r, cf in rec.per_r.items():
+        cp = cf.params
+        rows.append([f"Chinchilla fit r = {r} alone: R²", num(cf.r2), f"α {cp['alpha']:.3f}, β {cp['beta']:.3f}", ""])
     classes += [""] * (len(rows) - len(classes))
-    vf = ctx.variant_fit
+    vf = rec
     n_near = 1 if vf.law.n_near_optimal is None else vf.law.n_near_optimal
     note = (
         f"{ctx.variant}: {vf.n_runs} runs, r = {', '.join(map(str, vf.rs))}; "
@@ -153,14 +159,14 @@ def _quoted(v: Verdict) -> str:
 
 
 def delta_phi_table(ctx: ReportContext) -> Table | None:
-    fit = ctx.fit
-    if len(fit["variants"]) < 2:
+    fit = ctx.result
+    if len(fit.variants) < 2:
         return None
     from loopscale.fit.paper import PAPER_PROBES_PHI as probes
 
-    dphi = {d["variant"]: d for d in fit.get("delta_phi") or []}
+    dphi = {d.variant: d for d in fit.delta_phi}
     rows = []
-    for name in fit["variants"]:
+    for name in fit.variants:
         vd = ctx.verdicts[name]
         d = dphi.get(name)
         phi = phi_ci(vd.phi, vd.ci)
@@ -176,24 +182,24 @@ def delta_phi_table(ctx: ReportContext) -> Table | None:
             )
             rows.append([name, phi, *["–"] * 8, f"Δφ not computed ({why})"])
         else:
-            gap = d.get("loss_gap") or {}
+            gap = d.loss_gap
             gap_cell = (
-                f"{signed(gap['mean'], 3)} {interval(gap.get('ci'), 3, is_signed=True)}"
-                if isinstance(gap.get("mean"), int | float)
+                f"{signed(gap.mean, 3)} {interval(gap.ci, 3, is_signed=True)}"
+                if gap is not None and isinstance(gap.mean, int | float)
                 else "–"
             )
-            lead = d.get("leading") or {}
+            lead = d.leading
             rows.append(
                 [
                     name,
                     phi,
                     _reading_cell(lead, lead=True),
-                    MISSING if lead.get("p") is None else f"{lead['p']:.3g}",
-                    _reading_cell(_separate(d)),
+                    MISSING if lead is None or lead.p is None else f"{lead.p:.3g}",
+                    _reading_cell(d.inference),
                     _reading_cell(_paired(fit, name, "shared law")),
                     _reading_cell(_paired(fit, name, "separate laws")),
                     _secondary_cell(d),
-                    _shared_cell(d.get("shared")),
+                    _shared_cell(d.shared),
                     gap_cell,
                     _short_reading(d),
                 ]
@@ -232,61 +238,57 @@ def delta_phi_table(ctx: ReportContext) -> Table | None:
     )
 
 
-def _short_reading(d: dict) -> str:
+def _short_reading(d: DeltaPhi) -> str:
     """What the leading reading's test says, in three words (the Δφ section's line above the table says it in full,
     with the loss on the same runs and the paper's reading, ``honesty.delta_phi_quote``)."""
-    lead = d.get("leading") or {}
-    test = lead or ((d.get("inference") or {}).get("tests") or {}).get("delta_phi=0") or {}
-    ci = lead.get("ci") or d.get("ci")
-    if not ci or ci[0] is None or ci[1] is None:
+    lead = d.leading
+    test: Leading | Test | None = lead if lead is not None else d.inference.zero if d.inference is not None else None
+    ci = finite_ends((lead.ci if lead is not None else None) or d.ci)
+    if ci is None:
         return "undetermined"
-    if test.get("rejected") and ci[0] > 0:
+    rejected = test is not None and bool(test.rejected)
+    if rejected and ci[0] > 0:
         return "raises φ"
-    if test.get("rejected") and ci[1] < 0:
+    if rejected and ci[1] < 0:
         return "lowers φ"
-    return "cannot tell from the reference" if test else "percentile only"
+    return "cannot tell from the reference" if test is not None else "percentile only"
 
 
 def leading_reasons(ctx: ReportContext) -> list[str]:
     """Why each technique's leading reading leads (``delta_phi[].leading.reason``, fit/inference/paired.py)."""
     return [
-        f"{d['variant']}: {d['leading']['reading']} leads — {d['leading']['reason']}"
-        for d in ctx.fit.get("delta_phi") or []
-        if (d.get("leading") or {}).get("reason")
+        f"{d.variant}: {d.leading.reading} leads — {d.leading.reason}"
+        for d in ctx.result.delta_phi
+        if d.leading is not None and d.leading.reason
     ]
 
 
-def _separate(d: dict) -> dict | None:
-    inf = d.get("inference")
-    return None if not inf else {"estimate": inf["estimate"], "ci": inf["ci"]}
+def _paired(fit: FitResult, name: str, model: str) -> PairedReading | None:
+    inf = fit.variants[name].inference
+    return reading(inf.paired_delta_phi if inf is not None else None, model)
 
 
-def _paired(fit: dict, name: str, model: str) -> dict | None:
-    inf = fit["variants"][name].get("inference") or {}
-    return reading(inf.get("paired_delta_phi"), model)
-
-
-def _reading_cell(rec: dict | None, lead: bool = False) -> str:
-    if not rec or not isinstance(rec.get("estimate"), int | float) or not rec.get("ci"):
+def _reading_cell(rec: Leading | PairedReading | DeltaInference | None, lead: bool = False) -> str:
+    if rec is None or not isinstance(rec.estimate, int | float) or not rec.ci:
         return "–"
-    cell = f"{signed(float(rec['estimate']), PHI_DIGITS)} {interval(rec['ci'], PHI_DIGITS, is_signed=True)}"
-    label = rec.get("reading")
+    cell = f"{signed(float(rec.estimate), PHI_DIGITS)} {interval(rec.ci, PHI_DIGITS, is_signed=True)}"
+    label = rec.reading if isinstance(rec, Leading) else None
     return f"{cell} ({label})" if lead and label else cell
 
 
-def _secondary_cell(d: dict) -> str:
+def _secondary_cell(d: DeltaPhi) -> str:
     """The paired block bootstrap's percentile interval of Δφ (``secondary_ci``), with no estimate of its own."""
-    return interval(d.get("secondary_ci"), PHI_DIGITS, is_signed=True)
+    return interval(d.secondary_ci, PHI_DIGITS, is_signed=True)
 
 
-def _shared_cell(sh: dict | None) -> str:
-    if not sh or not isinstance(sh.get("delta_phi"), int | float):
+def _shared_cell(sh: SharedReading | None) -> str:
+    if sh is None or not isinstance(sh.delta_phi, int | float):
         return "–"
-    held = sh.get("held_out") or {}
-    bound = ", at its bound" if sh.get("at_bound") else ""
+    supported = sh.held_out.supported if sh.held_out is not None else None
+    bound = ", at its bound" if sh.at_bound else ""
     readings: dict[object, str] = {"shared": "not contradicted", "separate": "contradicted: read the separate fits"}
-    reading = readings.get(held.get("supported"), "not tested")
-    return f"{signed(float(sh['delta_phi']), PHI_DIGITS)}{bound} ({reading})"
+    reading = readings.get(supported, "not tested")
+    return f"{signed(float(sh.delta_phi), PHI_DIGITS)}{bound} ({reading})"
 
 
 def loss_gap_table(ctx: ReportContext) -> Table | None:
@@ -486,32 +488,32 @@ def test_time_table(ctx: ReportContext) -> Table | None:
 
 
 def checks_table(ctx: ReportContext) -> Table | None:
-    ch = ctx.record.get("checks") or {}
-    if not ch:
+    ch = ctx.variant_fit.checks
+    if ch is None or not ch.model_fields_set:
         return None
     rows = []
-    ex = ch.get("extrapolation")
-    if ex:
+    ex = ch.extrapolation
+    if ex is not None:
         rows.append(
             [
-                f"extrapolation to C = {flops(ex['held_out_budget'])}",
-                phi_txt(ex.get("phi")),
-                f"RMSE {num(ex['rmse'])}, bias {ex['bias']:+.4f}, max {num(ex['max_abs'])}",
+                f"extrapolation to C = {flops(ex.held_out_budget)}",
+                phi_txt(ex.phi),
+                f"RMSE {num(ex.rmse)}, bias {ex.bias:+.4f}, max {num(ex.max_abs)}",
             ]
         )
-    hs = ch.get("half_split")
-    if hs:
+    hs = ch.half_split
+    if hs is not None:
         for half in ("lower", "upper"):
-            h = hs.get(half) or {}
-            b = h.get("budgets") or []
+            h = getattr(hs, half) or HalfFit()
+            b = h.budgets
             span = f"{flops(min(b))}–{flops(max(b))}" if b else ""
-            rows.append([f"{half} half of the budgets ({span})", phi_txt(h.get("phi")), f"R² {num(h.get('r2'))}"])
-    for r, lo in (ch.get("leave_one_r_out") or {}).items():
+            rows.append([f"{half} half of the budgets ({span})", phi_txt(h.phi), f"R² {num(h.r2)}"])
+    for r, lo in (ch.leave_one_r_out or {}).items():
         rows.append(
             [
                 f"leave r = {r} out, predict it",
-                phi_txt(lo.get("phi")),
-                f"RMSE {num(lo['rmse'])}, bias {lo['bias']:+.4f}",
+                phi_txt(lo.phi),
+                f"RMSE {num(lo.rmse)}, bias {lo.bias:+.4f}",
             ]
         )
     return Table(
@@ -523,10 +525,10 @@ def checks_table(ctx: ReportContext) -> Table | None:
 
 
 def inputs_table(ctx: ReportContext) -> Table:
-    fit, inp = ctx.fit, ctx.inputs
-    s = fit.get("settings") or {}
-    src = fit.get("source") or {}
-    boot = ctx.record.get("bootstrap") or {}
+    fit, inp = ctx.result, ctx.inputs
+    s = fit.settings
+    src = fit.source
+    boot = ctx.variant_fit.bootstrap
     rows = [
         [
             "runs table",
@@ -537,13 +539,14 @@ def inputs_table(ctx: ReportContext) -> Table:
         ["fit file", inp.fit_source, "fitted by this report" if inp.fit_computed else "read, not refitted"],
         [
             "fit settings",
-            f"{s.get('loss', '?')} δ={s.get('delta', '?')}, {s.get('restarts', '?')} starts",
-            f"bootstrap: {boot.get('n', 0)} resamples (unit: {boot.get('unit', '–')})",
+            f"{s.loss} δ={s.delta}, {s.restarts} starts",
+            f"bootstrap: {boot.n} resamples (unit: {boot.unit if 'unit' in boot.model_fields_set else '–'})",
         ],
         [
             "fit made",
-            str(fit.get("created", "–")),
-            f"loopscale {fit.get('loopscale_version', '?')}; {src.get('n_used', '?')} runs used",
+            str(fit.created if "created" in fit.model_fields_set else "–"),
+            f"loopscale {fit.loopscale_version if 'loopscale_version' in fit.model_fields_set else '?'}; "
+            f"{src.get('n_used', '?')} runs used",
         ],
         ["axes table", inp.axes_source or "none (not evaluated)", "" if inp.axes is None else f"{len(inp.axes)} rows"],
     ]

@@ -20,6 +20,7 @@ import numpy as np
 
 from loopscale.fit.law.joint import JointLaw
 from loopscale.fit.law.variants import LawVariant
+from loopscale.fit.result import Checks, Extrapolation, HalfFit, HalfSplit, HeldOutErrors, LeftOut
 from loopscale.fit.table import RunsTable, budget_values
 
 
@@ -34,6 +35,7 @@ def _refit(law: Any, runs: RunsTable, restarts: int) -> Any | None:
 
 
 def _errors(law: JointLaw, runs: RunsTable) -> dict[str, Any]:
+    """The refit's errors on the held-out runs: how many, RMSE, mean (bias) and worst, nats."""
     df = runs.df
     err = law.predict(df) - df["val_loss"].to_numpy(float)
     return {
@@ -44,7 +46,7 @@ def _errors(law: JointLaw, runs: RunsTable) -> dict[str, Any]:
     }
 
 
-def extrapolation(law: JointLaw | LawVariant, runs: RunsTable, restarts: int = 100) -> dict[str, Any] | None:
+def extrapolation(law: JointLaw | LawVariant, runs: RunsTable, restarts: int = 100) -> Extrapolation | None:
     """Fit every budget below the highest; predict the runs at the highest budget."""
     if not runs.has_budget:
         return None
@@ -56,21 +58,17 @@ def extrapolation(law: JointLaw | LawVariant, runs: RunsTable, restarts: int = 1
     if fit is None:
         return None
     test = runs.subset(top == C)
-    out = {"held_out_budget": float(top), "phi": fit.phi_, **_errors(fit, test)}
-    per_r = {}
-    for r in sorted(set(test.df["r"])):
-        per_r[str(r)] = _errors(fit, test.subset(test.df["r"] == r))["rmse"]
-    out["rmse_per_r"] = per_r
-    return out
+    per_r = {str(r): _errors(fit, test.subset(test.df["r"] == r))["rmse"] for r in sorted(set(test.df["r"]))}
+    return Extrapolation(held_out_budget=float(top), phi=fit.phi_, **_errors(fit, test), rmse_per_r=per_r)
 
 
-def leave_one_r_out(law: JointLaw | LawVariant, runs: RunsTable, restarts: int = 100) -> dict[str, Any]:
+def leave_one_r_out(law: JointLaw | LawVariant, runs: RunsTable, restarts: int = 100) -> dict[str, LeftOut]:
     """For each r: fit the other r values, predict this one.
 
     Needs three or more r values: with two, each refit sees a single r, where phi is undetermined (r = 1
     alone) or confounded with A (one looped r alone), so "phi = 0 is worse held out" would mean nothing.
     """
-    out: dict[str, Any] = {}
+    out: dict[str, LeftOut] = {}
     rs = sorted(set(runs.df["r"]))
     if len(rs) < 3:
         return out
@@ -79,11 +77,11 @@ def leave_one_r_out(law: JointLaw | LawVariant, runs: RunsTable, restarts: int =
         fit = _refit(law, train, restarts)
         if fit is None:
             continue
-        out[str(r)] = {"phi": fit.phi_, **_errors(fit, runs.subset(runs.df["r"] == r))}
+        out[str(r)] = LeftOut(phi=fit.phi_, **_errors(fit, runs.subset(runs.df["r"] == r)))
     return out
 
 
-def half_split(law: JointLaw | LawVariant, runs: RunsTable, restarts: int = 100) -> dict[str, Any] | None:
+def half_split(law: JointLaw | LawVariant, runs: RunsTable, restarts: int = 100) -> HalfSplit | None:
     """phi from the lower and from the upper half of the budgets."""
     if not runs.has_budget:
         return None
@@ -93,37 +91,34 @@ def half_split(law: JointLaw | LawVariant, runs: RunsTable, restarts: int = 100)
         return None
     half = (len(budgets) + 1) // 2
     lower, upper = budgets[:half], budgets[-half:]
-    out: dict[str, Any] = {}
+    halves = {}
     for name, keep in (("lower", lower), ("upper", upper)):
         fit = _refit(law, runs.subset(np.isin(C, keep)), restarts)
-        out[name] = {
-            "budgets": [float(c) for c in keep],
-            "phi": None if fit is None else fit.phi_,
-            "r2": None if fit is None else fit.r2_,
-        }
-    lo, hi = out["lower"]["phi"], out["upper"]["phi"]
-    out["phi_difference"] = None if lo is None or hi is None else float(hi - lo)
-    return out
+        halves[name] = HalfFit(
+            budgets=[float(c) for c in keep],
+            phi=None if fit is None else fit.phi_,
+            r2=None if fit is None else fit.r2_,
+        )
+    lo, hi = halves["lower"].phi, halves["upper"].phi
+    return HalfSplit(**halves, phi_difference=None if lo is None or hi is None else float(hi - lo))
 
 
-def held_out(extrap: dict[str, Any] | None, lor: dict[str, Any]) -> dict[str, float | None]:
+def held_out(extrap: Extrapolation | None, lor: dict[str, LeftOut]) -> HeldOutErrors:
     """Two numbers to compare laws by what they predict: RMSE at the held-out top budget, and the
     RMSE pooled over every leave-one-r-out prediction."""
     pooled = None
     if lor:
-        n = sum(x["n"] for x in lor.values())
-        pooled = float(np.sqrt(sum(x["n"] * x["rmse"] ** 2 for x in lor.values()) / n))
-    return {"extrapolation_rmse": None if extrap is None else extrap["rmse"], "leave_one_r_out_rmse": pooled}
+        n = sum(x.n or 0 for x in lor.values())
+        pooled = float(np.sqrt(sum((x.n or 0) * (x.rmse or 0.0) ** 2 for x in lor.values()) / n))
+    return HeldOutErrors(extrapolation_rmse=None if extrap is None else extrap.rmse, leave_one_r_out_rmse=pooled)
 
 
-def run_checks(
-    law: JointLaw | LawVariant, runs: RunsTable, restarts: int = 100, *, split: bool = True
-) -> dict[str, Any]:
+def run_checks(law: JointLaw | LawVariant, runs: RunsTable, restarts: int = 100, *, split: bool = True) -> Checks:
     """Every check of one law; ``split = False`` skips the half split (restricted fits: phi is fixed)."""
     extrap, lor = extrapolation(law, runs, restarts), leave_one_r_out(law, runs, restarts)
-    return {
-        "extrapolation": extrap,
-        "leave_one_r_out": lor,
-        "half_split": half_split(law, runs, restarts) if split else None,
-        "held_out": held_out(extrap, lor),
-    }
+    return Checks(
+        extrapolation=extrap,
+        leave_one_r_out=lor,
+        half_split=half_split(law, runs, restarts) if split else None,
+        held_out=held_out(extrap, lor),
+    )

@@ -56,6 +56,16 @@ from loopscale.fit.inference.profile import PROFILE_FINE, critical, p_value, sum
 from loopscale.fit.law.formula import N_THETA, PHI, LawData, residuals
 from loopscale.fit.law.formula import loss as law_loss
 from loopscale.fit.law.solver import Bounds, lm_minimise, single_thread
+from loopscale.fit.result import (
+    Comparison,
+    DeltaInference,
+    Leading,
+    NullTables,
+    PairedDelta,
+    PairedHeldOut,
+    PairedReading,
+    Test,
+)
 
 #: Δφ's box (as the shared reading's).
 DELTA_BOUNDS = (-2.0, 2.0)
@@ -480,14 +490,14 @@ def held_out(
     pair: Pairing,
     bounds: Bounds,
     separate_predict: Callable[[np.ndarray, np.ndarray], np.ndarray] | None,
-) -> dict[str, Any]:
+) -> PairedHeldOut:
     """Leave-one-technique-cell-out squared errors (nats) of each paired model and of the technique's own law
     (``separate_predict(train_rows, test_rows)``), over the technique's (budget, r) cells with r > 1; a model is
     contradicted by a simpler-assumption one when it predicts worse by more than two standard errors of the
     per-cell difference."""
     cells = sorted(set(pair.cells_v[pair.var.r > 1].tolist()))
     if len(cells) < 2:
-        return {"cells": len(cells), "note": "fewer than two technique cells: no held-out test"}
+        return PairedHeldOut(cells=len(cells), note="fewer than two technique cells: no held-out test")
     box = Box.of(bounds)
     L_v = np.exp(pair.var.y)
     errors: dict[str, list[float]] = {k: [] for k in [*fits, *(["separate fits"] if separate_predict else [])]}
@@ -506,29 +516,29 @@ def held_out(
     e = {k: np.array(v) for k, v in errors.items()}
     total = float(np.sum(n))
 
-    def worse(a: str, b: str) -> dict[str, float | bool]:
+    def worse(a: str, b: str) -> Comparison:
         diff = e[a] - e[b]
         se = float(np.std(diff, ddof=1) / np.sqrt(len(diff)))
-        return {"mean_excess_sq_error": float(np.mean(diff)), "se": se, "worse": bool(np.mean(diff) > 2 * se)}
+        return Comparison(mean_excess_sq_error=float(np.mean(diff)), se=se, worse=bool(np.mean(diff) > 2 * se))
 
-    out: dict[str, Any] = {"cells": len(cells), "rmse": {k: float(np.sqrt(x.sum() / total)) for k, x in e.items()}}
-    comparisons = {}
+    comparisons: dict[str, Comparison] = {}
     if SHARED_LAW in e and SEPARATE_LAWS in e:
         comparisons[f"{SHARED_LAW} vs {SEPARATE_LAWS}"] = worse(SHARED_LAW, SEPARATE_LAWS)
     if "separate fits" in e:
         for k in fits:
             comparisons[f"{k} vs separate fits"] = worse(k, "separate fits")
-    out["comparisons"] = comparisons
-    out["note"] = (
-        "leave-one-technique-cell-out errors (nats): each paired model predicts the technique's runs from the "
+    return PairedHeldOut(
+        cells=len(cells),
+        rmse={k: float(np.sqrt(x.sum() / total)) for k, x in e.items()},
+        comparisons=comparisons,
+        note="leave-one-technique-cell-out errors (nats): each paired model predicts the technique's runs from the "
         "reference's runs in the cell moved by its contrast; the separate fits from the technique's own law. "
-        "'worse' when by more than 2 standard errors of the per-cell difference"
+        "'worse' when by more than 2 standard errors of the per-cell difference",
     )
-    return out
 
 
 # ---- the record ----------------------------------------------------------------------------
-def record(fit: PairedFit, pair: Pairing, bounds: Bounds, null: np.ndarray, level: float) -> dict[str, Any]:
+def record(fit: PairedFit, pair: Pairing, bounds: Bounds, null: np.ndarray, level: float) -> PairedReading:
     """One paired model's Δφ record (docs/fit.md, "Paired Δφ")."""
     lo, hi = DELTA_BOUNDS
     c, _, c_hi = critical(null, level)
@@ -536,7 +546,7 @@ def record(fit: PairedFit, pair: Pairing, bounds: Bounds, null: np.ndarray, leve
     stat = np.maximum(f - min(fit.objective, float(np.min(f))), 0.0)
     iv = summarise(d, stat, null, level)
     fine = np.concatenate(
-        [np.arange(x - DELTA_STEP, x + DELTA_STEP + PROFILE_FINE / 2, PROFILE_FINE) for x in iv["ci"]]
+        [np.arange(x - DELTA_STEP, x + DELTA_STEP + PROFILE_FINE / 2, PROFILE_FINE) for x in iv.ci or []]
     )
     fine = fine[(fine >= lo) & (fine <= hi) & ~np.isin(np.round(fine, 9), np.round(d, 9))]
     if fine.size:
@@ -549,31 +559,31 @@ def record(fit: PairedFit, pair: Pairing, bounds: Bounds, null: np.ndarray, leve
     t0 = float(stat[np.argmin(np.abs(d))])
     p0 = p_value(t0, null)
     at_bound = min(fit.delta_phi - lo, hi - fit.delta_phi) < 1e-3 * (hi - lo)
-    return {
-        "model": fit.model,
-        "estimate": fit.delta_phi,
-        "ci": iv["ci"],
-        "level": level,
-        "method": METHOD.format(model=fit.model),
-        "assumption": ASSUMPTION[fit.model],
-        "open": iv["open"],
-        "disjoint": iv["disjoint"],
-        "mc_sd": iv["mc_sd"],
-        "critical_value": iv["critical_value"],
-        "tests": {"delta_phi=0": {"value": 0.0, "stat": t0, "p": p0, "rejected": p0 < 1 - level}},
-        "phi_reference": fit.phi,
-        "phi_variant": fit.phi + fit.delta_phi,
-        "at_bound": bool(at_bound),
-        "misfit": {
+    return PairedReading(
+        model=fit.model,
+        estimate=fit.delta_phi,
+        ci=iv.ci,
+        level=level,
+        method=METHOD.format(model=fit.model),
+        assumption=ASSUMPTION[fit.model],
+        open=iv.open,
+        disjoint=iv.disjoint,
+        mc_sd=iv.mc_sd,
+        critical_value=iv.critical_value,
+        tests={"delta_phi=0": Test(value=0.0, stat=t0, p=p0, rejected=p0 < 1 - level)},
+        phi_reference=fit.phi,
+        phi_variant=fit.phi + fit.delta_phi,
+        at_bound=bool(at_bound),
+        misfit={
             "shared_sd": float(np.sqrt(fit.tau2)),
             "not_shared_sd": float(np.sqrt(fit.sigma2)),
             "shared_fraction": float(fit.tau2 / (fit.tau2 + fit.sigma2)) if fit.tau2 + fit.sigma2 > 0 else None,
             "lam": fit.lam,
             "unit": "log loss; not_shared_sd is per recipe (a contrast's sd is sqrt(2) times it)",
         },
-        "null": {"n": len(null), "unit": "cell (budget, r)", "weights": "webb", "lam": "held at the table's"},
-        "profile": {"delta_phi": d.tolist(), "stat": stat.tolist()},
-    }
+        null=NullTables(n=len(null), unit="cell (budget, r)", weights="webb", lam="held at the table's"),
+        profile={"delta_phi": d.tolist(), "stat": stat.tolist()},
+    )
 
 
 def paired_delta_phi(
@@ -588,7 +598,7 @@ def paired_delta_phi(
     *,
     checks: bool = True,
     seed: int = 0,
-) -> dict[str, Any] | None:
+) -> PairedDelta | None:
     """The paired Δφ of a technique (``var``: its own runs) against its reference (``ref``: every run of the
     reference's fit), under both models, with the held-out test (``checks``). ``V`` (B, K): the wild
     bootstrap's cell weights every variant shares; ``law``: the fit's ``JointLaw`` (its box, and refitted per
@@ -598,14 +608,15 @@ def paired_delta_phi(
         return None
     bounds = law.bounds()
     fits: dict[str, PairedFit] = {}
-    out: dict[str, Any] = {"n_pairs": pair.n_pairs, "match": list(pair.keys)}
+    out = PairedDelta(n_pairs=pair.n_pairs, match=list(pair.keys))
     for model in MODELS:
         extra = [fits[SHARED_LAW].p[None]] if model == SEPARATE_LAWS else []
         fit = fit_paired(pair, bounds, np.vstack([starts, *extra]), model, seed=seed)
         fits[model] = fit
-        out[model.replace(" ", "_")] = record(
+        reading_of = record(
             fit, pair, bounds, null_draws(fit, pair, bounds, V[:, pair.cells_r], V[:, pair.cells_v]), level
         )
+        setattr(out, model.replace(" ", "_"), reading_of)
     separate = None
     if checks:
         # the technique's own law without the cell: warm-started from its separate fit (the starts' last row)
@@ -618,52 +629,47 @@ def paired_delta_phi(
             own = pd.concat([own_r1, v[train]], ignore_index=True)
             return np.asarray(quick.clone().fit(own, extra_starts=warm).predict(v[test]), dtype=float)
 
-    out["held_out"] = held_out(fits, pair, bounds, separate) if checks else None
+    out.held_out = held_out(fits, pair, bounds, separate) if checks else None
     return out
 
 
-def reading(paired: dict[str, Any] | None, model: str) -> dict[str, Any] | None:
+def reading(paired: PairedDelta | None, model: str) -> PairedReading | None:
     """One model's record of a paired Δφ record (``paired_delta_phi``'s), None when absent."""
-    return None if not paired else paired.get(model.replace(" ", "_"))
+    return None if paired is None else paired.reading(model)
 
 
-def leading(paired: dict[str, Any] | None, separate: dict[str, Any] | None) -> dict[str, Any] | None:
+def leading(paired: PairedDelta | None, separate: DeltaInference | None) -> Leading | None:
     """The reading quoted, and why: the most specific one the held-out test does not contradict - the paired
     shared-law reading (not worse than the paired separate-laws one nor than the separate fits), else the
     paired separate-laws reading (not worse than the separate fits), else the separate fits' calibrated one.
     A paired estimate at its box never leads; untested (checks off), the separate fits lead."""
 
-    def summary(rec: dict[str, Any], reading: str, reason: str) -> dict[str, Any]:
-        t = rec["tests"]["delta_phi=0"]
-        return {
-            "reading": reading,
-            "estimate": rec["estimate"],
-            "ci": rec["ci"],
-            "p": t["p"],
-            "rejected": t["rejected"],
-            "reason": reason,
-        }
+    def summary(rec: PairedReading | DeltaInference, reading: str, reason: str) -> Leading:
+        t = rec.zero or Test()
+        return Leading(reading=reading, estimate=rec.estimate, ci=rec.ci, p=t.p, rejected=t.rejected, reason=reason)
 
     if paired is None:
         why = "no paired reading (fewer than two of the technique's runs match the reference's)"
-    elif paired.get("held_out") is None:
+    elif paired.held_out is None:
         why = "the paired readings' assumption was not tested (checks off)"
-    elif "comparisons" not in paired["held_out"]:
-        why = f"the paired readings' assumption could not be tested ({paired['held_out'].get('note')})"
+    elif paired.held_out.comparisons is None:
+        why = f"the paired readings' assumption could not be tested ({paired.held_out.note})"
     else:
-        held = paired["held_out"]
-        cmp, rmse = held["comparisons"], held["rmse"]
+        held = paired.held_out
+        cmp: dict[str, Comparison] = held.comparisons or {}
+        rmse = held.rmse
 
         def blocked(model: str) -> str | None:
             """Why ``model``'s reading cannot lead, None if it can."""
-            if paired[model.replace(" ", "_")]["at_bound"]:
+            own = paired.reading(model)
+            if own is None or own.at_bound:
                 return "its Δφ ran to its box"
-            if cmp.get(f"{model} vs separate fits", {}).get("worse"):
+            if (c := cmp.get(f"{model} vs separate fits")) is not None and c.worse:
                 return (
                     f"it predicts the technique's held-out cells worse than the technique's own law "
                     f"({rmse[model]:.3f} vs {rmse['separate fits']:.3f} nats): the misfit is not shared"
                 )
-            if model == SHARED_LAW and cmp[f"{SHARED_LAW} vs {SEPARATE_LAWS}"]["worse"]:
+            if model == SHARED_LAW and cmp[f"{SHARED_LAW} vs {SEPARATE_LAWS}"].worse:
                 return (
                     f"with φ alone moved it predicts them worse than with every coefficient its own "
                     f"({rmse[SHARED_LAW]:.3f} vs {rmse[SEPARATE_LAWS]:.3f} nats)"
@@ -674,8 +680,10 @@ def leading(paired: dict[str, Any] | None, separate: dict[str, Any] | None) -> d
         for model in MODELS:
             if reasons[model] is None:
                 earlier = [f"the {m} reading does not lead: {reasons[m]}" for m in MODELS[: MODELS.index(model)]]
+                chosen = paired.reading(model)
+                assert chosen is not None
                 return summary(
-                    paired[model.replace(" ", "_")],
+                    chosen,
                     f"paired ({model})",
                     "the technique shares the reference's misfit: the reference's runs, moved by the law's contrast, "
                     f"predict its held-out cells as well as its own law or better ({rmse[model]:.3f} vs "

@@ -36,13 +36,25 @@ paper's grid is measured by ``bench/inference_coverage.py`` (docs/fit.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from loopscale.fit.inference.bootstrap import percentile_ci
 from loopscale.fit.law.formula import N_THETA, PHI, LawData, residuals
 from loopscale.fit.law.solver import Bounds, lm_batch, single_thread
+from loopscale.fit.result import (
+    Bootstrap,
+    DeltaInference,
+    HeldOutErrors,
+    Inference,
+    Interval,
+    NullTables,
+    ProfileCurve,
+    Secondary,
+    Test,
+    VariantFit,
+)
 
 #: Webb's six-point distribution: mean 0, variance 1, six values (Webb 2014, "Reworking wild bootstrap
 #: based inference for clustered errors").
@@ -222,13 +234,21 @@ def refine(
     return Profile(phis[order], obj, th, float(min(prof.f_min, np.min(f))))
 
 
-def interval_from_stat(phi: np.ndarray, stat: np.ndarray, c: float) -> dict[str, Any]:
+class Hull(NamedTuple):
+    """``{x : stat(x) <= c}`` on a grid: its hull, whether each end reaches the grid's edge, whether it is in pieces."""
+
+    ci: list[float]
+    open: list[bool]
+    disjoint: bool
+
+
+def interval_from_stat(phi: np.ndarray, stat: np.ndarray, c: float) -> Hull:
     """``{x : stat(x) <= c}`` from a gridded statistic (linear between grid points): its hull, whether it
     reaches the grid's ends (open), and whether it is more than one piece."""
     inside = stat <= c
     if not inside.any():
         k = int(np.argmin(stat))
-        return {"ci": [float(phi[k]), float(phi[k])], "open": [False, False], "disjoint": False}
+        return Hull([float(phi[k]), float(phi[k])], [False, False], False)
     idx = np.flatnonzero(inside)
     i0, i1 = int(idx[0]), int(idx[-1])
 
@@ -242,7 +262,7 @@ def interval_from_stat(phi: np.ndarray, stat: np.ndarray, c: float) -> dict[str,
     lo = float(phi[0]) if i0 == 0 else cross(i0 - 1, i0)
     hi = float(phi[-1]) if i1 == len(phi) - 1 else cross(i1 + 1, i1)
     pieces = int(np.sum(np.diff(inside.astype(int)) == 1) + (1 if inside[0] else 0))
-    return {"ci": [lo, hi], "open": [i0 == 0, i1 == len(phi) - 1], "disjoint": pieces > 1}
+    return Hull([lo, hi], [i0 == 0, i1 == len(phi) - 1], pieces > 1)
 
 
 # ---- the wild cluster bootstrap of T -----------------------------------------------------------
@@ -353,14 +373,19 @@ def critical(null: np.ndarray, level: float) -> tuple[float, float, float]:
     return q(k), q(k - sd), q(k + sd)
 
 
-def summarise(phi: np.ndarray, stat: np.ndarray, null: np.ndarray, level: float) -> dict[str, Any]:
-    """Interval at ``level`` with its Monte-Carlo sd, from a gridded statistic and its null draws."""
+def summarise(phi: np.ndarray, stat: np.ndarray, null: np.ndarray, level: float) -> Interval:
+    """Interval at ``level`` with its Monte-Carlo sd, from a gridded statistic and its null draws (the estimate,
+    level and method are the caller's)."""
     c, c_lo, c_hi = critical(null, level)
-    out = interval_from_stat(phi, stat, c)
-    a, b = interval_from_stat(phi, stat, c_lo)["ci"], interval_from_stat(phi, stat, c_hi)["ci"]
-    out["mc_sd"] = [abs(b[0] - a[0]) / 2, abs(b[1] - a[1]) / 2]
-    out["critical_value"] = c
-    return out
+    hull = interval_from_stat(phi, stat, c)
+    a, b = interval_from_stat(phi, stat, c_lo).ci, interval_from_stat(phi, stat, c_hi).ci
+    return Interval(
+        ci=hull.ci,
+        open=hull.open,
+        disjoint=hull.disjoint,
+        mc_sd=[abs(b[0] - a[0]) / 2, abs(b[1] - a[1]) / 2],
+        critical_value=c,
+    )
 
 
 # ---- Delta-phi --------------------------------------------------------------------------------
@@ -470,12 +495,15 @@ def percentile_mc_sd(draws: np.ndarray, level: float) -> list[float] | None:
     return out
 
 
-def held_out_worse(free: dict[str, Any] | None, restricted: dict[str, Any] | None) -> bool | None:
+def held_out_worse(free: HeldOutErrors | None, restricted: HeldOutErrors | None) -> bool | None:
     """Does the restricted law predict held-out runs worse than the free one on every check both ran
     (top-budget extrapolation, leave-one-r-out)? None when no check ran."""
-    if not free or not restricted:
+    if free is None or restricted is None:
         return None
-    both = [(free.get(k), restricted.get(k)) for k in ("extrapolation_rmse", "leave_one_r_out_rmse")]
+    both = [
+        (free.extrapolation_rmse, restricted.extrapolation_rmse),
+        (free.leave_one_r_out_rmse, restricted.leave_one_r_out_rmse),
+    ]
     pairs = [(a, b) for a, b in both if a is not None and b is not None]
     if not pairs:
         return None
@@ -535,13 +563,13 @@ class VariantInference:
         prof = profile(data, theta_hat, f_hat, bounds, loss=loss, delta=delta, seed=seed + 3, weights=weights)
         return cls(data, theta_hat, bounds, loss, delta, prof, null, weights, screen is not None)
 
-    def interval(self, level: float) -> dict[str, Any]:
+    def interval(self, level: float) -> Interval:
         """The profile interval at ``level``; the profile is refined around its ends first (kept)."""
         s = summarise(self.prof.phi, self.prof.stat, self.null.stat, level)
         self.prof = refine(
             self.prof,
             self.data,
-            [x for x, o in zip(s["ci"], s["open"], strict=True) if not o],
+            [x for x, o in zip(s.ci or [], s.open or [], strict=True) if not o],
             self.bounds,
             loss=self.loss,
             delta=self.delta,
@@ -559,76 +587,82 @@ class VariantInference:
     def record(
         self,
         level: float,
-        rec: dict[str, Any],
-        boot: dict[str, Any],
+        rec: VariantFit,
+        boot: Bootstrap,
         extra_tests: tuple[float, ...] = (),
         paper: bool = True,
-    ) -> dict[str, Any]:
+    ) -> Inference:
         """The ``inference`` record of one variant (docs/fit.md, "The inference record")."""
         iv = self.interval(level)
-        free_held = (rec.get("checks") or {}).get("held_out")
-        tests: dict[str, Any] = {}
+        free_held = rec.checks.held_out if rec.checks is not None else None
+        tests: dict[str, Test] = {}
         lo_b, hi_b = float(self.bounds.lower[PHI]), float(self.bounds.upper[PHI])
         for x in tested_values(extra_tests, paper):
             if not lo_b <= x <= hi_b:
                 continue
             key = f"phi={x:g}"
-            restricted = rec.get("restricted", {}).get(key) or {}
-            t = self.stat_at(x, restricted.get("objective"))
+            restricted = rec.restricted.get(key)
+            t = self.stat_at(x, restricted.objective if restricted is not None else None)
             p = p_value(t, self.null.stat)
-            worse = held_out_worse(free_held, restricted.get("held_out"))
-            tests[key] = {
-                "value": x,
-                "stat": t,
-                "p": p,
-                "rejected": p < 1 - level,
-                "held_out_worse": worse,
-                "ruled_out": bool(p < 1 - level and worse is True),
-            }
-        draws = np.asarray(boot.get("draws", {}).get("phi", []), dtype=float)
-        secondary = {
-            "method": "percentile block bootstrap over (budget, r) cells",
-            "n": int(boot.get("n") or 0),
-            "ci": boot.get("ci", {}).get("phi"),
-            "mc_sd": percentile_mc_sd(draws, level) if draws.size else None,
-        }
+            worse = held_out_worse(free_held, restricted.held_out if restricted is not None else None)
+            tests[key] = Test(
+                value=x,
+                stat=t,
+                p=p,
+                rejected=p < 1 - level,
+                held_out_worse=worse,
+                ruled_out=bool(p < 1 - level and worse is True),
+            )
+        draws = boot.draws_of("phi")
+        secondary = Secondary(
+            method="percentile block bootstrap over (budget, r) cells",
+            n=int(boot.n or 0),
+            ci=boot.ci.get("phi"),
+            mc_sd=percentile_mc_sd(draws, level) if draws.size else None,
+        )
         nul = self.null
-        return {
-            "phi": {
-                "estimate": float(self.theta_hat[PHI]),
-                "ci": iv["ci"],
-                "level": level,
-                "method": METHOD + ("; on the table's design points (seed means)" if self.screened else ""),
-                "open": iv["open"],
-                "disjoint": iv["disjoint"],
-                "mc_sd": iv["mc_sd"],
-                "critical_value": iv["critical_value"],
-            },
-            "tests": tests,
-            "secondary": secondary,
-            "null": {
-                "n": len(nul.stat),
-                "unit": "cell (budget, r)",
-                "weights": "webb",
-                "stat": nul.stat.tolist(),
-                "phi_percentile_ci": list(percentile_ci(nul.phi, level)),
-                "at_bounds_fraction": float(np.mean(at_bounds(nul.theta_free, self.bounds).any(axis=1))),
-            },
-            "profile": {"phi": self.prof.phi.tolist(), "stat": self.prof.stat.tolist()},
-        }
+        method = METHOD + ("; on the table's design points (seed means)" if self.screened else "")
+        return Inference(
+            phi=Interval(**quoted(iv, float(self.theta_hat[PHI]), level, method)),
+            tests=tests,
+            secondary=secondary,
+            null=NullTables(
+                n=len(nul.stat),
+                unit="cell (budget, r)",
+                weights="webb",
+                stat=nul.stat.tolist(),
+                phi_percentile_ci=list(percentile_ci(nul.phi, level)),
+                at_bounds_fraction=float(np.mean(at_bounds(nul.theta_free, self.bounds).any(axis=1))),
+            ),
+            profile=ProfileCurve(phi=self.prof.phi.tolist(), stat=self.prof.stat.tolist()),
+        )
 
 
-def test_value(record: Any, x: float) -> float | None:
+def quoted(iv: Interval, estimate: float, level: float, method: str) -> dict[str, Any]:
+    """An interval's fields as a record quotes it: the estimate, then ``summarise``'s, with the level and method."""
+    return {
+        "estimate": estimate,
+        "ci": iv.ci,
+        "level": level,
+        "method": method,
+        "open": iv.open,
+        "disjoint": iv.disjoint,
+        "mc_sd": iv.mc_sd,
+        "critical_value": iv.critical_value,
+    }
+
+
+def test_value(record: Inference, x: float) -> float | None:
     """p of "phi = x" from a fit file's inference record (its profile grid and null draws): the test a record
     makes for any value after the fit, e.g. another fit's phi (``fit.inference.compare``). None outside the profile."""
-    prof, null = record.get("profile") or {}, record.get("null") or {}
-    if not prof.get("phi") or not null.get("stat"):
+    prof, null = record.profile, record.null
+    if prof is None or null is None or not prof.phi or not null.stat:
         return None
-    phi, stat = np.asarray(prof["phi"], dtype=float), np.asarray(prof["stat"], dtype=float)
+    phi, stat = np.asarray(prof.phi, dtype=float), np.asarray(prof.stat, dtype=float)
     if not phi[0] <= x <= phi[-1]:
         return None
     t = Profile(phi, stat, np.zeros((len(phi), N_THETA)), 0.0).at(x)
-    return p_value(t, np.asarray(null["stat"], dtype=float))
+    return p_value(t, np.asarray(null.stat, dtype=float))
 
 
 def at_bounds(theta: np.ndarray, bounds: Bounds) -> np.ndarray:
@@ -639,7 +673,7 @@ def at_bounds(theta: np.ndarray, bounds: Bounds) -> np.ndarray:
 
 def delta_record(
     ref: VariantInference, var: VariantInference, level: float, paired_draws: np.ndarray | None = None
-) -> dict[str, Any]:
+) -> DeltaInference:
     """Delta-phi = phi_v - phi_ref: profile interval and the test of Delta-phi = 0, calibrated by the paired
     wild bootstrap (``delta_null``); the block bootstrap's paired percentile interval is secondary."""
     d_hat = float(var.theta_hat[PHI] - ref.theta_hat[PHI])
@@ -660,27 +694,20 @@ def delta_record(
         var_weights=var.weights,
     )
     iv = summarise(d, stat, null, level)
-    fine = np.concatenate([np.arange(x - PROFILE_STEP, x + PROFILE_STEP, PROFILE_FINE) for x in iv["ci"]])
+    fine = np.concatenate([np.arange(x - PROFILE_STEP, x + PROFILE_STEP, PROFILE_FINE) for x in iv.ci or []])
     d = np.unique(np.concatenate([d, fine]))
     stat = delta_stat(ref.prof, var.prof, d)
     iv = summarise(d, stat, null, level)
     t0 = float(stat[np.argmin(np.abs(d))])
     p = p_value(t0, null)
     draws = np.asarray(paired_draws if paired_draws is not None else [], dtype=float)
-    return {
-        "estimate": d_hat,
-        "ci": iv["ci"],
-        "level": level,
-        "method": METHOD,
-        "open": iv["open"],
-        "disjoint": iv["disjoint"],
-        "mc_sd": iv["mc_sd"],
-        "critical_value": iv["critical_value"],
-        "tests": {"delta_phi=0": {"value": 0.0, "stat": t0, "p": p, "rejected": p < 1 - level}},
-        "secondary": {
-            "method": "paired percentile block bootstrap",
-            "ci": list(percentile_ci(draws, level)) if draws.size else None,
-            "mc_sd": percentile_mc_sd(draws, level) if draws.size else None,
-        },
-        "null": {"n": len(null)},
-    }
+    return DeltaInference(
+        **quoted(iv, d_hat, level, METHOD),
+        tests={"delta_phi=0": Test(value=0.0, stat=t0, p=p, rejected=p < 1 - level)},
+        secondary=Secondary(
+            method="paired percentile block bootstrap",
+            ci=list(percentile_ci(draws, level)) if draws.size else None,
+            mc_sd=percentile_mc_sd(draws, level) if draws.size else None,
+        ),
+        null=NullTables(n=len(null)),
+    )

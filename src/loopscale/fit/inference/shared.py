@@ -21,7 +21,6 @@ quote (docs/fit.md, "Δφ").
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -29,6 +28,7 @@ import pandas as pd
 from loopscale.fit.law.formula import LawData, predict, theta_to_params
 from loopscale.fit.law.joint import JointLaw
 from loopscale.fit.law.solver import lm_batch, multistart, polish_lbfgsb, single_thread
+from loopscale.fit.result import LossGap, SharedHeldOut, SharedReading
 
 DELTA_BOUNDS = (-2.0, 2.0)
 
@@ -103,17 +103,15 @@ def _predict(theta: np.ndarray, df: pd.DataFrame, d: float = 0.0) -> np.ndarray:
     return predict(theta, df["N_once"].to_numpy(float), df["N_rec"].to_numpy(float) * r**d, df["D"].to_numpy(float), r)
 
 
-def held_out(ref: pd.DataFrame, var: pd.DataFrame, law: JointLaw) -> dict[str, Any]:
+def _untested(cells: int, why: str) -> SharedHeldOut:
+    return SharedHeldOut(cells=cells, shared_rmse=None, separate_rmse=None, supported=None, note=why)
+
+
+def held_out(ref: pd.DataFrame, var: pd.DataFrame, law: JointLaw) -> SharedHeldOut:
     """Leave-one-variant-cell-out RMSE (nats) of the shared and the separate readings, and which is better."""
     cells = sorted({(float(c), int(r)) for c, r in zip(var["C"], var["r"], strict=True)})
     if len(cells) < 2:
-        return {
-            "cells": len(cells),
-            "shared_rmse": None,
-            "separate_rmse": None,
-            "supported": None,
-            "note": "fewer than two variant cells: no held-out test",
-        }
+        return _untested(len(cells), "fewer than two variant cells: no held-out test")
     quick = law.clone(restarts=max(20, law.restarts // 5))
     per_cell: list[tuple[float, float, int]] = []  # summed squared errors of each reading, runs in the cell
     for c, r in cells:
@@ -121,13 +119,7 @@ def held_out(ref: pd.DataFrame, var: pd.DataFrame, law: JointLaw) -> dict[str, A
         train, test = var[~out], var[out]
         own = pd.concat([ref[ref["r"] == 1], train], ignore_index=True)  # the variant's own law (with r = 1)
         if len(own) <= 6:
-            return {
-                "cells": len(cells),
-                "shared_rmse": None,
-                "separate_rmse": None,
-                "supported": None,
-                "note": "too few runs to refit the variant's own law with a cell left out",
-            }
+            return _untested(len(cells), "too few runs to refit the variant's own law with a cell left out")
         sh = fit_shared(ref, train, quick)
         sep = quick.clone().fit(own)
         y = test["val_loss"].to_numpy(float)
@@ -143,42 +135,41 @@ def held_out(ref: pd.DataFrame, var: pd.DataFrame, law: JointLaw) -> dict[str, A
     diff = e_sh - e_sep  # per held-out cell: how much worse the shared reading predicts it
     se = float(np.std(diff, ddof=1) / np.sqrt(len(diff)))
     worse = float(np.mean(diff)) > 2 * se
-    return {
-        "cells": len(cells),
-        "shared_rmse": shared_rmse,
-        "separate_rmse": sep_rmse,
-        "mean_excess_sq_error": float(np.mean(diff)),
-        "se": se,
-        "supported": "separate" if worse else "shared",
-        "note": "leave-one-variant-cell-out errors; 'separate' when the shared law predicts the held-out cells "
+    return SharedHeldOut(
+        cells=len(cells),
+        shared_rmse=shared_rmse,
+        separate_rmse=sep_rmse,
+        mean_excess_sq_error=float(np.mean(diff)),
+        se=se,
+        supported="separate" if worse else "shared",
+        note="leave-one-variant-cell-out errors; 'separate' when the shared law predicts the held-out cells "
         "worse by more than 2 standard errors of the per-cell difference, else 'shared' (the "
         "simpler reading is not contradicted)",
-    }
+    )
 
 
-def shared_record(ref: pd.DataFrame, var: pd.DataFrame, law: JointLaw, *, checks: bool = True) -> dict[str, Any]:
+def shared_record(ref: pd.DataFrame, var: pd.DataFrame, law: JointLaw, *, checks: bool = True) -> SharedReading:
     """What the fit file stores under ``delta_phi[i].shared``."""
     fit = fit_shared(ref, var, law)
-    rec: dict[str, Any] = {
-        "assumption": "the variant shares E, A, alpha, B, beta with the reference and differs only in phi",
-        "delta_phi": fit.delta_phi,
-        "phi_reference": fit.phi,
-        "phi_variant": fit.phi + fit.delta_phi,
-        "objective": fit.objective,
-        "converged": fit.converged,
-        "at_bound": fit.at_bound,
-        "interval": None,
-        "interval_note": "not calibrated for the shared reading; quote the separate fits' "
+    return SharedReading(
+        assumption="the variant shares E, A, alpha, B, beta with the reference and differs only in phi",
+        delta_phi=fit.delta_phi,
+        phi_reference=fit.phi,
+        phi_variant=fit.phi + fit.delta_phi,
+        objective=fit.objective,
+        converged=fit.converged,
+        at_bound=fit.at_bound,
+        interval=None,
+        interval_note="not calibrated for the shared reading; quote the separate fits' "
         "calibrated interval (delta_phi[i].ci) where this reading is supported",
-    }
-    rec["held_out"] = held_out(ref, var, law) if checks else None
-    return rec
+        held_out=held_out(ref, var, law) if checks else None,
+    )
 
 
 MATCH = ("C", "r", "d_model", "seed")
 
 
-def loss_gap(ref: pd.DataFrame, var: pd.DataFrame, level: float = 0.95) -> dict[str, Any] | None:
+def loss_gap(ref: pd.DataFrame, var: pd.DataFrame, level: float = 0.95) -> LossGap | None:
     """The variant's val loss minus the reference's on the same looped runs (budget, r, width, seed).
 
     The paper reads truncated BPTT by this beside Δφ (arXiv 2604.21106 §5): at equal compute its loss is
@@ -207,12 +198,12 @@ def loss_gap(ref: pd.DataFrame, var: pd.DataFrame, level: float = 0.95) -> dict[
     q = float(stats.t.ppf(0.5 + level / 2, n - 1))
     per_budget = pairs.groupby("C", sort=True)["diff"].mean()
     n_runs = int(pairs["n_seeds"].sum()) if seed_means else len(pairs)  # the variant's runs behind the pairs
-    return {
-        "mean": mean,
-        "ci": [mean - q * se, mean + q * se],
-        "level": level,
-        "n_runs": n_runs,
-        "n_cells": n,
-        "per_budget": {f"{c:.6g}": float(v) for c, v in per_budget.items()},
-        "lower_in_cells": float(np.mean(per_cell.to_numpy() < 0)),
-    }
+    return LossGap(
+        mean=mean,
+        ci=[mean - q * se, mean + q * se],
+        level=level,
+        n_runs=n_runs,
+        n_cells=n,
+        per_budget={f"{c:.6g}": float(v) for c, v in per_budget.items()},
+        lower_in_cells=float(np.mean(per_cell.to_numpy() < 0)),
+    )

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from loopscale.fit.paper import PAPER_COEFFICIENTS
-from loopscale.fit.result import FitResult
+from loopscale.fit.result import FitResult, Identifiability, Inference, VariantFit
 from loopscale.numbers import phi as phi_txt
 from loopscale.numbers import phi_ci
 
@@ -203,11 +203,11 @@ def phi_verdict(fit: Any, variant: str | None = None) -> Verdict:
     law = rec.law
     phi = rec.phi
     boot = rec.bootstrap
-    inf: Any = rec.inference or {}
-    inf_phi = inf.get("phi") or {}
-    if inf_phi.get("ci") is not None:
-        level = float(inf_phi.get("level") or res.ci_level)
-        ci = _pair(inf_phi["ci"])
+    inf = rec.inference
+    inf_phi = inf.phi if inf is not None else None
+    if inf_phi is not None and inf_phi.ci is not None:
+        level = float(inf_phi.level or res.ci_level)
+        ci = inf_phi.ends
         method = "profile likelihood"
     else:
         level = float(boot.ci_level or res.ci_level)
@@ -215,9 +215,9 @@ def phi_verdict(fit: Any, variant: str | None = None) -> Verdict:
         method = "percentile bootstrap"
     lo_b, hi_b = res.phi_bounds
     span = float(hi_b) - float(lo_b)
-    ident = rec.identifiability or {}
+    ident = rec.identifiability or Identifiability()
     reasons: list[str] = []
-    caveats: list[str] = list(ident.get("caveats") or [])
+    caveats: list[str] = list(ident.caveats)
     fixed = res.fixed_phi
 
     if phi is None:
@@ -227,7 +227,7 @@ def phi_verdict(fit: Any, variant: str | None = None) -> Verdict:
         caveats.append(f"φ was fixed to {float(fixed):g} by the fit's settings (--fix-phi), not estimated")
         return Verdict(name, True, f"φ = {phi_txt(phi)} (fixed, not estimated)", phi, ci, level, [], caveats, method)
 
-    reasons += list(ident.get("reasons") or [])
+    reasons += list(ident.reasons)
     if "phi" in law.at_bounds:
         reasons.append(f"the fit ran to a bound of φ's box [{lo_b:g}, {hi_b:g}] (φ = {phi_txt(phi)})")
     r2 = finite_or_none(rec.metrics.r2)
@@ -247,7 +247,7 @@ def phi_verdict(fit: Any, variant: str | None = None) -> Verdict:
             if w.startswith(f"[{name}]") and "POORLY identifiable" in w:
                 reasons.append("every r > 1 has a single width, so φ rests on one model size per r")
     if ci is None:
-        if not boot.n and not inf_phi:
+        if not boot.n and inf_phi is None:
             caveats.append("no bootstrap was run, so φ's uncertainty is unknown (rerun with --lr-draws 1000)")
         else:
             reasons.append("no finite interval for φ")
@@ -277,7 +277,7 @@ def phi_verdict(fit: Any, variant: str | None = None) -> Verdict:
     caveats += fit_caveats(rec, inf)
 
     if "phi" not in law.at_bounds:  # at a bound the reason says it all
-        caveats += range_caveats(phi, None if inf_phi else ci)  # with tests, the claims say it
+        caveats += range_caveats(phi, None if inf_phi is not None else ci)  # with tests, the claims say it
     reasons = list(dict.fromkeys(reasons))
     said = claims(rec, level, resolved=not reasons)
     if reasons:
@@ -289,28 +289,22 @@ def phi_verdict(fit: Any, variant: str | None = None) -> Verdict:
     return Verdict(name, True, f"φ = {phi_ci(phi, ci)}", phi, ci, level, [], caveats, method, said)
 
 
-def _pair(x: Any) -> tuple[float, float] | None:
-    try:
-        lo, hi = float(x[0]), float(x[1])
-    except (TypeError, ValueError, IndexError):
-        return None
-    return (lo, hi) if lo == lo and hi == hi else None
-
-
-def fit_caveats(rec: Any, inf: Any) -> list[str]:
+def fit_caveats(rec: VariantFit, inf: Inference | None) -> list[str]:
     """What the whole fit says beyond phi's interval: coefficients at their box, A undetermined, draws that
     break the data rule, r = 1 runs fitting far worse than the looped ones, an interval in pieces."""
     out: list[str] = []
-    mc = [x for x in ((inf.get("phi") or {}).get("mc_sd") or []) if finite_or_none(x) is not None]
+    inf_phi = inf.phi if inf is not None else None
+    null = inf.null if inf is not None else None
+    mc = [x for x in ((inf_phi.mc_sd if inf_phi else None) or []) if finite_or_none(x) is not None]
     if mc and max(mc) > MAX_MC_SD:
-        n = int((inf.get("null") or {}).get("n") or 0)
+        n = int(null.n if null is not None else 0)
         out.append(
             f"the interval's ends carry a Monte-Carlo sd of up to {max(mc):.3f} from {n} bootstrap tables "
             "(a flat profile there); another --seed moves them by about that, more --lr-draws less"
         )
-    if (inf.get("phi") or {}).get("disjoint"):
+    if inf_phi is not None and inf_phi.disjoint:
         out.append("the profile interval is more than one piece (the profile has several dips); it gives their hull")
-    share = finite_or_none((inf.get("null") or {}).get("at_bounds_fraction"))
+    share = finite_or_none(null.at_bounds_fraction if null is not None else None)
     if share is not None and share > MAX_AT_BOUNDS_SHARE:
         out.append(
             f"in {share:.0%} of the wild-bootstrap refits a coefficient sits at its box bound: the law's "
@@ -345,14 +339,15 @@ def fit_caveats(rec: Any, inf: Any) -> list[str]:
     return out
 
 
-def claims(rec: Any, level: float, *, resolved: bool) -> list[str]:
+def claims(rec: VariantFit, level: float, *, resolved: bool) -> list[str]:
     """What the calibrated tests say about each tested phi (``inference.tests``), in words.
 
     "rules out φ = x" only when the test rejects at ``level`` *and* the phi = x law predicts held-out runs
     worse than the free law, and only for a resolved fit; otherwise the sentence says the data cannot tell
     φ = x apart from the fit, and why."""
-    tests = (rec.inference or {}).get("tests") or {}
-    n_null = int(((rec.inference or {}).get("null") or {}).get("n") or 0)
+    tests = rec.inference.tests if rec.inference is not None else {}
+    null = rec.inference.null if rec.inference is not None else None
+    n_null = int(null.n if null is not None else 0)
     out: list[str] = []
     alpha = 1 - level
 
@@ -360,18 +355,18 @@ def claims(rec: Any, level: float, *, resolved: bool) -> list[str]:
         return f"p ≤ {1 / (n_null + 1):.2g}" if n_null and p <= 1 / (n_null + 1) + 1e-12 else f"p = {p:.2g}"
 
     for t in tests.values():
-        x, p = finite_or_none(t.get("value")), finite_or_none(t.get("p"))
+        x, p = finite_or_none(t.value), finite_or_none(t.p)
         if x is None or p is None:
             continue
         what = f"the paper's φ = {x:.2f}" if abs(x - PAPER_PHI) < 1e-9 else f"φ = {x:g}"
         if not resolved:
             out.append(f"{what}: no claim ({ptxt(p)}), the fit is not resolved")
-        elif t.get("ruled_out"):
+        elif t.ruled_out:
             out.append(f"rules out {what} ({ptxt(p)} < {alpha:g}; a law with it also predicts held-out runs worse)")
-        elif t.get("rejected"):
+        elif t.rejected:
             why = (
                 "it predicts held-out runs as well or better"
-                if t.get("held_out_worse") is False
+                if t.held_out_worse is False
                 else "no held-out check ran for it"
             )
             out.append(f"cannot tell {what} apart from the fit: the test rejects it ({ptxt(p)}), but {why}")
