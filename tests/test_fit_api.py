@@ -239,6 +239,19 @@ def test_the_fit_result_is_typed_to_its_leaves_and_has_no_dict_view() -> None:
         assert not hasattr(record, "__getitem__") and not hasattr(record, "get")  # read by attribute only
 
 
+def test_a_fit_file_with_null_where_a_number_was_nan_loads() -> None:
+    """json_ready writes NaN as null: an undetermined exponent, a per-r RMSE or an open interval must load."""
+    doc = json.loads((Path(__file__).parent / "fixtures" / "report" / "probes" / "fit.json").read_text())
+    rec = next(iter(doc["variants"].values()))
+    rec["optima"]["frontier_exponents"]["N_exponent_r1"] = None
+    rec["optima"]["empirical_exponents"] = {"N_exponent_r1": None}
+    rec["checks"]["extrapolation"]["rmse_per_r"]["1"] = None
+    rec["inference"]["phi"]["ci"] = [None, None]
+    res = FitResult.of(doc)
+    assert res.variant().inference.phi.ends is None  # type: ignore[union-attr]
+    assert res.variant().optima.frontier_exponents["N_exponent_r1"] is None
+
+
 def test_phi_state_replaces_none_checks() -> None:
     doc = json.loads(OLD_FIT.read_text())
     doc["variants"]["wide"]["law"]["params"]["phi"] = None

@@ -267,7 +267,7 @@ def fit_optima(
     if "C" in df.columns:
         emp = allocation.empirical_optima(df)
         out.empirical = emp.to_dict(orient="records")
-        out.empirical_exponents = allocation.empirical_exponents(emp)
+        out.empirical_exponents = {**allocation.empirical_exponents(emp)}
         unbracketed = emp[~emp["bracketed"]]
         if len(unbracketed):
             cells = [f"C={c:.3g} r={r}" for c, r in zip(unbracketed["C"], unbracketed["r"], strict=True)]
@@ -289,7 +289,7 @@ def fit_optima(
         return out
     table, exps = allocation.frontier_table(law.theta_, template, budgets, frs)
     out.frontier = table.to_dict(orient="records")
-    out.frontier_exponents = exps
+    out.frontier_exponents = {**exps}
     if boot.fits is not None:
         thetas = boot.fits.theta[np.isfinite(boot.fits.theta).all(axis=1)]
         fd = allocation.frontier_draws(thetas, template, budgets, frs)

@@ -187,9 +187,9 @@ class Optima(_Record):
 
     template: dict[str, Any] = {}
     empirical: list[dict[str, Any]] = []
-    empirical_exponents: dict[str, float] = {}
+    empirical_exponents: dict[str, float | None] = {}  # null where a fit left one undetermined (NaN)
     frontier: list[dict[str, Any]] = []
-    frontier_exponents: dict[str, float] = {}
+    frontier_exponents: dict[str, float | None] = {}
 
 
 class Extrapolation(_Record):
