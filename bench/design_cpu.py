@@ -86,8 +86,8 @@ def main(out: Path) -> None:
     )
     fit = fit_runs(table, settings)
     write_fit(out / "cpu_L_fit.json", fit)
-    p = fit["variants"]["baseline@loop1"]["law"]["params"]
-    ci = fit["variants"]["baseline@loop1"]["bootstrap"]["ci"]["phi"]
+    v = fit.variant("baseline@loop1")
+    p, ci = v.law.params.as_dict(), v.bootstrap.ci["phi"]
     print(
         f"{len(df)} runs; against the loop-of-one controls: phi = {p['phi']:.3f} [{ci[0]:.2f}, {ci[1]:.2f}], "
         f"alpha {p['alpha']:.3f}, beta {p['beta']:.3f}, E {p['E']:.3f}, A {p['A']:.4g}, B {p['B']:.4g}"

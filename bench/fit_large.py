@@ -17,6 +17,7 @@ import resource
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pandas as pd
 
@@ -39,13 +40,13 @@ def case(name: str) -> dict[str, float | str]:
 
         code = run_app(["design", "paper", "--json"])
         assert code == 0
-        out = {"rows": 116}
+        out: dict[str, Any] = {"rows": 116}
     else:
         df = table(116 if name == "116" else 10_000)
         runs = as_runs(df).seed_means() if name == "10k-means" else as_runs(df)
         t0 = time.perf_counter()
         fit = fit_runs(runs)
-        out = {"rows": len(runs.df), "phi": fit["variants"]["baseline"]["law"]["params"]["phi"]}
+        out = {"rows": len(runs.df), "phi": fit.variant("baseline").law.params.phi}
     out.update(
         {
             "case": name,

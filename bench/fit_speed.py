@@ -48,12 +48,13 @@ def main() -> None:
     t = time.perf_counter()
     full = fit_runs(df, FitSettings())
     t_full = time.perf_counter() - t
-    v = full["variants"]["baseline"]
+    v = full.variant("baseline")
+    assert v.inference is not None and v.inference.phi is not None and v.inference.phi.ci is not None
     print(
         f"full default fit (500 starts, restricted, per-r, 200 bootstrap, 2000-table inference, optima, checks): "
-        f"{t_full:.2f} s; phi = {v['law']['params']['phi']:.4f} profile interval "
-        f"{np.round(v['inference']['phi']['ci'], 4).tolist()}, percentile CI "
-        f"{np.round(v['bootstrap']['ci']['phi'], 4).tolist()}"
+        f"{t_full:.2f} s; phi = {v.law.params.phi:.4f} profile interval "
+        f"{np.round(v.inference.phi.ci, 4).tolist()}, percentile CI "
+        f"{np.round(v.bootstrap.ci['phi'], 4).tolist()}"
     )
 
     t = time.perf_counter()

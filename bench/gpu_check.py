@@ -260,14 +260,16 @@ def section_packs(args: argparse.Namespace, clock: Clock, device: torch.device) 
     dtype = "float32" if args.smoke else "bfloat16"
     widths, ks, rows = ((16, 32), (1, 2), 2) if args.smoke else ((64, 256), (1, 4, 16), 32)
     plan = [(d, 1, True) for d in widths] + [(d, k, False) for d in widths for k in ks]
-    results = []
+    results: list[dict[str, Any]] = []
     for d, k, solo in plan:
         if clock.left() < 15 + args.reserve_s:
             results.append({"d_model": d, "k": k, "mode": "solo" if solo else "pack", "skipped": "time budget"})
             continue
         print(f"packs: d={d} k={k} {'solo' if solo else 'pack'}", flush=True)
         try:
-            res = measure_pack(pack_model(d, args.smoke), k, rows, device, dtype, 3 if args.smoke else 10, solo)
+            res: dict[str, Any] = measure_pack(
+                pack_model(d, args.smoke), k, rows, device, dtype, 3 if args.smoke else 10, solo
+            )
         except Exception as e:
             res = {"d_model": d, "k": k, "error": f"{type(e).__name__}: {e}"[:500], "traceback": traceback.format_exc()}
         print(f"  {json.dumps({key: v for key, v in res.items() if key != 'traceback'})[:300]}", flush=True)
@@ -301,6 +303,7 @@ def _pythonpath() -> str:
 
 def _cli(argv: list[str], log: Path, timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
     t = time.time()
+    rc: int | str
     with log.open("w") as fh:
         try:
             proc = subprocess.run(

@@ -79,8 +79,8 @@ def _one(job: tuple[Any, dict[str, float], Noise, float, int, int, int, str, boo
 
         r1 = JointLaw(restarts=100, delta=delta, seed=i, phi=1.0).fit(df, extra_starts=law.theta_[None])
         runs = as_runs(df)
-        free = checks.run_checks(law, runs, restarts=50, split=False)["held_out"]
-        held = checks.run_checks(r1, runs, restarts=50, split=False)["held_out"]
+        free = checks.run_checks(law, runs, restarts=50, split=False).held_out
+        held = checks.run_checks(r1, runs, restarts=50, split=False).held_out
         ruled1 = bool(inf.held_out_worse(free, held))
     pct = (np.nan, np.nan)
     if with_percentile:
@@ -89,7 +89,7 @@ def _one(job: tuple[Any, dict[str, float], Noise, float, int, int, int, str, boo
         pct = percentile_ci(np.where(fits.phi_identifiable, fits.theta[:, PHI], np.nan), 0.95)
     return {
         "phi": float(law.theta_[PHI]),
-        "ci": iv["ci"],
+        "ci": iv.ci,
         "p1": p1,
         "ruled1": ruled1,
         "p0": p0,

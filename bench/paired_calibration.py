@@ -57,8 +57,12 @@ def pilot(
     res = base["val_loss"].to_numpy(float) - predict_theta(theta, base["N_once"], base["N_rec"], base["D"], base["r"])
     pattern = pd.Series(res).groupby(point_keys(base)).mean().to_dict()
     tech = f"{technique}@{control}" if control else technique
-    rec = doc.variant(tech).inference.paired_delta_phi
-    own_log = float(rec["shared_law"]["misfit"]["not_shared_sd"])  # log loss, per recipe, of seed means
+    inference = doc.variant(tech).inference
+    rec = inference.paired_delta_phi if inference is not None else None
+    misfit = rec.shared_law.misfit if rec is not None and rec.shared_law is not None else None
+    if misfit is None or misfit.not_shared_sd is None:
+        raise SystemExit(f"{fit}: variants.{tech}.inference.paired_delta_phi.shared_law.misfit: no paired reading")
+    own_log = float(misfit.not_shared_sd)  # log loss, per recipe, of seed means
     n_seeds = float(base.groupby(point_keys(base)).size().mean())
     nats = own_log * float(np.mean(base["val_loss"]))
     own = float(np.sqrt(max(nats**2 - noise.run_sd**2 / n_seeds, 0.0)))

@@ -104,10 +104,10 @@ def main() -> None:
         for name, argv in commands.items():
             walls, cpus, rss, own = [], [], [], []
             for _ in range(args.repeats):
-                w, c, m = timed(argv)
+                w, c, mb = timed(argv)
                 walls.append(w)
                 cpus.append(c)
-                rss.append(m)
+                rss.append(mb)
                 if "tiny fit" in name:
                     own.append(json.loads(fit_file.read_text())["wall_s"])
             med = statistics.median

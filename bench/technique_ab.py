@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from loopscale.config import ModelConfig
-from loopscale.model import LoopedLM
+from loopscale.model import KVCache, LoopedLM
 from loopscale.optim import OptimConfig
 from loopscale.optim.build import build_optimizers
 from loopscale.train.hardware import tune_cpu_malloc
@@ -31,7 +31,7 @@ D, L_EFF, T, BATCH, HEAD_DIM, VOCAB, R = 128, 20, 256, 16, 32, 320, 4
 EXAMPLE = Path(__file__).resolve().parent.parent / "src" / "loopscale" / "examples" / "gated_loop.py"
 
 
-def _loop_before(self: LoopedLM, e: torch.Tensor, r: int, cache: object) -> torch.Tensor:
+def _loop_before(self: LoopedLM, e: torch.Tensor, r: int, cache: KVCache | None) -> torch.Tensor:
     k = self.cfg.k_grad if r == self.cfg.r else r
     n_detached = r - k if torch.is_grad_enabled() else 0
     state = self.inject.init(e)

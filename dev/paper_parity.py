@@ -222,7 +222,7 @@ def make_case(paper: Paper, name: str, fields: dict[str, Any], seed: int) -> dic
 
 def make_grid_run(paper: Paper, s: int, r: int, C: float, B: int, probe: str) -> dict[str, Any]:
     n_recur = 16 // r if r > 1 else 20
-    fields = dict(n_prelude=2, n_coda=2, n_recur_block=n_recur, num_recur=r, bptt_k=r)
+    fields: dict[str, Any] = dict(n_prelude=2, n_coda=2, n_recur_block=n_recur, num_recur=r, bptt_k=r)
     if r == 1:
         fields.update(n_prelude=0, n_coda=0, input_injection="passthrough")
     if probe == "truncated_bptt":

@@ -11,7 +11,7 @@ the whole ``TrainConfig``: steps and tokens from a budget), ``fit.settings`` (``
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -143,7 +143,10 @@ class ModelConfig(StrictModel):
         return f"{self.n_prelude}+{self.n_recur}x{self.r}+{self.n_coda}"
 
 
-def validate(cls: type[StrictModel], data: dict[str, Any], *, source: str | None = None, prefix: str = "") -> Any:
+_M = TypeVar("_M", bound=StrictModel)
+
+
+def validate(cls: type[_M], data: dict[str, Any], *, source: str | None = None, prefix: str = "") -> _M:
     """Build a config from a dict, turning pydantic's report into a one-line ConfigError."""
     try:
         return cls.model_validate(data)

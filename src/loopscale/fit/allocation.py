@@ -145,7 +145,8 @@ def power_slope(C: np.ndarray, y: np.ndarray) -> np.ndarray:
     ly = np.log(np.asarray(y, dtype=float))
     xc = x - x.mean()
     with np.errstate(invalid="ignore"):
-        return np.sum(xc * (ly - ly.mean(axis=-1, keepdims=True)), axis=-1) / np.sum(xc * xc)
+        slope: np.ndarray = np.sum(xc * (ly - ly.mean(axis=-1, keepdims=True)), axis=-1) / np.sum(xc * xc)
+    return slope
 
 
 def frontier_table(

@@ -100,7 +100,8 @@ class DesignSettings:
 def grid_cells(grid: pd.DataFrame) -> np.ndarray:
     """(C, r) cell id per planned run (budgets grouped to 3 significant digits, as the fit does)."""
     key = pd.Series([f"{c:.3g}|{r}" for c, r in zip(budget_values(grid), grid["r"], strict=True)])
-    return pd.factorize(key)[0]
+    codes: np.ndarray = pd.factorize(key)[0]
+    return codes
 
 
 def point_keys(grid: pd.DataFrame) -> list[str]:
@@ -196,7 +197,8 @@ def misfit_draw(grid: pd.DataFrame, noise: Noise, seed: int, i: int, recipe: str
         [f"{recipe}|{k}" for k in point], seed, i
     )
     rho = float(np.clip(noise.shared, 0.0, 1.0))
-    return rho * m + np.sqrt(1 - rho * rho) * own
+    out: np.ndarray = rho * m + np.sqrt(1 - rho * rho) * own
+    return out
 
 
 def simulate_table(
@@ -207,7 +209,8 @@ def simulate_table(
     clean = predict_theta(theta, grid["N_once"], grid["N_rec"], grid["D"], grid["r"])
     seeds = grid["seed"] if "seed" in grid.columns else np.zeros(len(grid), dtype=int)
     run_keys = [f"{recipe}run|{k}|{sd}" for k, sd in zip(point_keys(grid), seeds, strict=True)]
-    return clean + misfit_draw(grid, noise, seed, i, recipe) + noise.run_sd * _keyed(run_keys, seed, i)
+    out: np.ndarray = clean + misfit_draw(grid, noise, seed, i, recipe) + noise.run_sd * _keyed(run_keys, seed, i)
+    return out
 
 
 # ---- one simulated study -------------------------------------------------------------------

@@ -79,12 +79,13 @@ class RunsTable:
         r = 1 run); a variant that trained its own r = 1 runs (sweep ``r1 = "own"``) uses only those.
         """
         df = self.df
-        own = (df["variant"] == variant).to_numpy()
-        r1 = (df["r"] == 1).to_numpy()
+        own: np.ndarray = (df["variant"] == variant).to_numpy()
+        r1: np.ndarray = (df["r"] == 1).to_numpy()
         if (own & r1).any():
             return own
-        base = r1 & (df["variant"] == DEFAULT_VARIANT).to_numpy()
-        return own | (base if base.any() else r1)
+        base: np.ndarray = r1 & (df["variant"] == DEFAULT_VARIANT).to_numpy()
+        rows: np.ndarray = own | (base if base.any() else r1)
+        return rows
 
     def for_variant(self, variant: str | None) -> RunsTable:
         """The runs one variant's fit uses (see ``variant_mask``)."""

@@ -182,7 +182,9 @@ def _flops_x(axes: tuple[Axes, ...], budgets: list[float]) -> None:
         a.tick_params(axis="x", labelrotation=30)
 
 
-def _frontier_panels(ctx: ReportContext, height: float, empty: str) -> tuple[Any, Any, dict]:
+def _frontier_panels(
+    ctx: ReportContext, height: float, empty: str
+) -> tuple[Grid, np.ndarray | None, dict[int, dict[str, Any]]]:
     """Two panels, dense budgets and the law's frontier curves per r (no budgets: C is None, panels say so)."""
     grid = _grid(2, 2, height, legend_rows=2)
     if not ctx.budgets:
@@ -193,7 +195,7 @@ def _frontier_panels(ctx: ReportContext, height: float, empty: str) -> tuple[Any
     return grid, C, _law_frontier_curves(ctx, C)
 
 
-def _frontier_legend(ctx: ReportContext, grid: Any) -> None:
+def _frontier_legend(ctx: ReportContext, grid: Grid) -> None:
     grey = "#555555"
     grid.legend(
         [
@@ -505,7 +507,8 @@ def fig_residuals(ctx: ReportContext) -> Figure:
 # ---- 5. phi: bootstrap, restricted fits, Delta-phi ---------------------------------------------
 def _phi_draws(rec: VariantFit) -> np.ndarray:
     d = rec.bootstrap.draws_of("phi")
-    return d[np.isfinite(d)]
+    finite: np.ndarray = d[np.isfinite(d)]
+    return finite
 
 
 @styled

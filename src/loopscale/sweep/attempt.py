@@ -626,7 +626,7 @@ class _Control:
         """This attempt's process group (fresh keys), with the backend train()'s setup_dist would pick."""
         import torch
 
-        from loopscale.train.hardware import uses_cuda
+        from loopscale.cores import uses_cuda
 
         _teardown_group()
         use_cuda = uses_cuda(device_pref) and torch.cuda.is_available()  # no GPU: train() reports it

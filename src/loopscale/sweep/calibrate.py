@@ -71,7 +71,8 @@ def shape_key(cfg: TrainConfig, device: str, threads: int | None = None) -> str:
 def hardware_key(device: str) -> str:
     import torch
 
-    from loopscale.train.hardware import available_cores, hardware_info
+    from loopscale.cores import available_cores
+    from loopscale.train.hardware import hardware_info
 
     info = hardware_info(torch.device(device))
     return f"{info.get('gpu') or info['cpu']}|{available_cores()} cores|torch {torch.__version__}"

@@ -54,7 +54,7 @@ class TokenData:
 
     @property
     def seq_len(self) -> int:
-        return self.train.shape[1] - 1
+        return int(self.train.shape[1]) - 1
 
     def _row(self, g: torch.Tensor, seed: int) -> np.ndarray:
         n = self.train.shape[0]
@@ -68,7 +68,7 @@ class TokenData:
                 self._perms[e] = torch.randperm(n, generator=gen)
             sel = epoch == e
             out[sel] = self._perms[e][pos[sel]]
-        idx = out.numpy()
+        idx: np.ndarray = out.numpy()
         return self.order[idx] if self.order is not None else idx
 
     def batch(self, step: int, batch_size: int, lo: int, hi: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -93,7 +93,7 @@ def make_tokenizer(cfg: DataConfig) -> Tokenizer:
     return HFTokenizer(cfg.tokenizer, cfg.bos_token)
 
 
-def _files_signature(cfg: DataConfig) -> list:
+def _files_signature(cfg: DataConfig) -> list[Any]:
     """Sizes and mtimes of the user's files (and the tokenizer), so edited data invalidates the cache."""
 
     sig: list[Any] = []
@@ -167,7 +167,9 @@ def _cap_text(docs: Iterable[str], max_bytes: int) -> Iterator[str]:
         total += len(d)
 
 
-def _user_streams(cfg: DataConfig, tokenizer: Tokenizer):
+def _user_streams(
+    cfg: DataConfig, tokenizer: Tokenizer
+) -> tuple[Callable[[], Iterator[Any]], Callable[[], Iterator[Any]], Callable[[], str], int, np.dtype]:
     """The user's text/jsonl/parquet/shards as two document streams (train, then validation), the
     fingerprint they feed, the BOS id and the storage dtype. Nothing is held: each stream re-reads
     the files, and the hold-out (no ``val_paths``) costs one more counting pass and 1 B per document."""
@@ -239,8 +241,8 @@ def _build(cfg: DataConfig, tokenizer: Tokenizer, seq_len: int, folder: Path) ->
 
         data = build_default(cfg)  # ~8M tokens, built in memory in about a second
         encode = _encoder(tokenizer)
-        train = functools.partial(map, encode, data.train_docs)
-        val = functools.partial(map, encode, data.val_docs)
+        train: Callable[[], Iterator[Any]] = functools.partial(map, encode, data.train_docs)
+        val: Callable[[], Iterator[Any]] = functools.partial(map, encode, data.val_docs)
         fingerprint, bos = data.fingerprint, tokenizer.bos_id
         dtype = cache.row_dtype(max(tokenizer.vocab_size, bos + 1))
     else:

@@ -14,12 +14,16 @@ import sys
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from loopscale.errors import ConfigError
 from loopscale.io import atomic_save_torch, atomic_write_bytes, remove_stale_temps, set_aside
+
+if TYPE_CHECKING:  # imported where loaded: a checkpoint read for resume needs neither
+    from loopscale.model import LoopedLM
+    from loopscale.train.settings import TrainConfig
 
 CKPT = "ckpt.pt"
 WEIGHTS = "model.safetensors"
@@ -128,7 +132,7 @@ def save_weights(run_dir: Path, model: torch.nn.Module) -> None:
     atomic_write_bytes(run_dir / WEIGHTS, save(tensors, metadata={"format": "loopscale-1"}))
 
 
-def load_model(path: str | Path, *, device: str = "cpu"):
+def load_model(path: str | Path, *, device: str = "cpu") -> tuple[LoopedLM, TrainConfig]:
     """Load a trained model from a run dir (or its model.safetensors) with its resolved config."""
     from safetensors.torch import load_file
 

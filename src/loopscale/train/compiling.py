@@ -49,7 +49,7 @@ class WholeModel:
         module: nn.Module,
         blocks: Iterable[nn.Module],
         *,
-        backend: str | Callable = "inductor",
+        backend: str | Callable[..., Any] = "inductor",
         warn: Callable[[str], None] | None = None,
     ) -> None:
         self.module = module
@@ -91,7 +91,7 @@ def compile_for_training(
     device: torch.device,
     *,
     warn: Callable[[str], None] | None = None,
-    backend: str | Callable = "inductor",
+    backend: str | Callable[..., Any] = "inductor",
 ) -> tuple[Callable[..., Any], str]:
     """What a training step calls (``module``: the model or its DDP wrapper) and the mode in effect."""
     mode = resolved_mode(mode, device)

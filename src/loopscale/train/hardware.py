@@ -118,11 +118,12 @@ def _cores_for_this_slot() -> int:
     return int(text) if text.isdigit() and int(text) > 0 else available_cores()
 
 
-def autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
+def autocast(device: torch.device, dtype: str) -> contextlib.AbstractContextManager[Any]:
     want = dtype if dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
     if want == "float32":
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    ctx: contextlib.AbstractContextManager[Any] = torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return ctx
 
 
 def resolved_dtype(device: torch.device, dtype: str) -> str:

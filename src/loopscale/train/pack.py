@@ -48,15 +48,11 @@ from loopscale.train.hardware import (
     tune_cpu_malloc,
 )
 from loopscale.train.loop import (
-    METRICS,
     Batching,
-    EvalStopped,
     Meter,
     Outcome,
     RunContext,
     RunInterrupted,
-    Validator,
-    ValStats,
     diverged,
     load_data,
     model_and_optimizers,
@@ -66,12 +62,12 @@ from loopscale.train.loop import (
     should_log,
     should_validate,
     step_record,
-    val_token_bytes,
     warn,
 )
 from loopscale.train.result import failure_record
-from loopscale.train.rundir import prepare_dir, read_result, write_record, write_result
+from loopscale.train.rundir import METRICS, prepare_dir, read_result, write_record, write_result
 from loopscale.train.settings import TrainConfig
+from loopscale.train.validate import EvalStopped, Validator, ValStats, val_token_bytes
 
 
 @dataclass
@@ -412,7 +408,8 @@ def _pack_step(
         loss_sum += losses.detach()
     popt.step()
     popt.zero_grad()
-    return (loss_sum / b.n_micro).tolist()
+    out: list[float] = (loss_sum / b.n_micro).tolist()
+    return out
 
 
 def _rows(members: list[_Member], lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:

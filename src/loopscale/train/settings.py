@@ -181,7 +181,8 @@ class TrainConfig(StrictModel):
         data = self.model_dump(mode="json")
         if self.model.softcap is None:
             data["model"]["softcap"] = "none"
-        return _drop_none(data)
+        out: dict[str, Any] = _drop_none(data)
+        return out
 
 
 def _drop_none(obj: Any) -> Any:

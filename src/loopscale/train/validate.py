@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar, cast
 
 import torch
 
@@ -45,7 +45,15 @@ class EvalStopped(Exception):
     """``stop()`` said yes between validation batches (on any rank)."""
 
 
-@torch.no_grad()
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _no_grad(fn: _F) -> _F:
+    """``torch.no_grad()`` as a decorator mypy sees through (torch is read as Any: pyproject.toml, [tool.mypy])."""
+    return cast(_F, torch.no_grad()(fn))
+
+
+@_no_grad
 def val_loss_stats(
     model: torch.nn.Module,
     rows: torch.Tensor,

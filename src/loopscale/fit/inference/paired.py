@@ -465,7 +465,8 @@ def null_draws(fit: PairedFit, pair: Pairing, bounds: Bounds, v_r: np.ndarray, v
     start = np.repeat(fit.p[None], len(y_r), axis=0)
     _, ff = lm(start, boot, fit.lam, box, fit.free)
     _, fn = lm(start, boot, fit.lam, box, free_mask(fit.model, fix_delta=True))
-    return np.maximum(fn - np.minimum(ff, fn), 0.0)
+    out: np.ndarray = np.maximum(fn - np.minimum(ff, fn), 0.0)
+    return out
 
 
 # ---- held-out cells: are the assumptions contradicted? ----------------------------------------
@@ -477,7 +478,7 @@ def predict_var(p: np.ndarray, pair: Pairing, rows: np.ndarray) -> np.ndarray:
     mu_v = law_loss(tv, v.N_once[rows], v.N_rec[rows], np.exp(v.log_D[rows]), v.r[rows])[0]
     partner = dict(zip(pair.pv.tolist(), pair.pr.tolist(), strict=True))
     i = np.array([partner.get(int(j), -1) for j in rows], dtype=int)
-    out = mu_v.copy()
+    out: np.ndarray = mu_v.copy()
     m = i >= 0
     if m.any():
         mu_r = law_loss(th, a.N_once[i[m]], a.N_rec[i[m]], np.exp(a.log_D[i[m]]), a.r[i[m]])[0]

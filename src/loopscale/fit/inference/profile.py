@@ -278,7 +278,8 @@ class NullDraws:
 
     @property
     def stat(self) -> np.ndarray:
-        return np.maximum(self.f_null - np.minimum(self.f_free, self.f_null), 0.0)
+        out: np.ndarray = np.maximum(self.f_null - np.minimum(self.f_free, self.f_null), 0.0)
+        return out
 
     @property
     def phi(self) -> np.ndarray:
@@ -448,7 +449,8 @@ def delta_null(
             max_iter=150,
             weights=var_weights,
         )
-        return fr + fv
+        both: np.ndarray = fr + fv
+        return both
 
     ratio = (np.sqrt(5) - 1) / 2
     x1, x2 = b - ratio * (b - a), a + ratio * (b - a)
@@ -468,7 +470,8 @@ def delta_null(
         )
         best = np.minimum(best, gn)
     mins = np.minimum(ref.f_free, ref.f_null) + np.minimum(var.f_free, var.f_null)
-    return np.maximum(best - mins, 0.0)
+    out: np.ndarray = np.maximum(best - mins, 0.0)
+    return out
 
 
 # ---- records ----------------------------------------------------------------------------------
@@ -668,7 +671,8 @@ def test_value(record: Inference, x: float) -> float | None:
 def at_bounds(theta: np.ndarray, bounds: Bounds) -> np.ndarray:
     """(B, 6): which coefficients of each fit sit at their box bound (as ``JointLaw.at_bounds_``: 1e-6 of the span)."""
     span = bounds.upper - bounds.lower
-    return (theta <= bounds.lower + 1e-6 * span) | (theta >= bounds.upper - 1e-6 * span)
+    out: np.ndarray = (theta <= bounds.lower + 1e-6 * span) | (theta >= bounds.upper - 1e-6 * span)
+    return out
 
 
 def delta_record(

@@ -63,17 +63,20 @@ def slot(theta: np.ndarray, k: Slot) -> np.ndarray:
 def r_power(r: Any, phi: Any) -> np.ndarray:
     """r^phi, as exp(phi log r) (the objective's form: every module gets the same bits)."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        return np.exp(np.asarray(phi, dtype=float) * np.log(np.asarray(r, dtype=float)))
+        out: np.ndarray = np.exp(np.asarray(phi, dtype=float) * np.log(np.asarray(r, dtype=float)))
+    return out
 
 
 def equivalent_N(N_once: Any, N_rec: Any, r: Any, phi: Any) -> np.ndarray:
     """Quality-equivalent non-looped size N_eq = N_once + r^phi N_rec (arXiv 2604.21106, Eq. 1)."""
-    return np.asarray(N_once, dtype=float) + r_power(r, phi) * np.asarray(N_rec, dtype=float)
+    out: np.ndarray = np.asarray(N_once, dtype=float) + r_power(r, phi) * np.asarray(N_rec, dtype=float)
+    return out
 
 
 def cost_equivalent_N(N_once: Any, N_rec: Any, r: Any) -> np.ndarray:
     """Cost-equivalent non-looped size N_once + r N_rec (same training FLOPs for the blocks)."""
-    return np.asarray(N_once, dtype=float) + np.asarray(r, dtype=float) * np.asarray(N_rec, dtype=float)
+    out: np.ndarray = np.asarray(N_once, dtype=float) + np.asarray(r, dtype=float) * np.asarray(N_rec, dtype=float)
+    return out
 
 
 # ---- the law ---------------------------------------------------------------------------------
@@ -83,11 +86,12 @@ def loss(theta: np.ndarray, N_once: Any, N_rec: Any, D: Any, r: Any) -> np.ndarr
     t = np.atleast_2d(np.asarray(theta, dtype=float))
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         m = equivalent_N(N_once, N_rec, r, slot(t, Slot.PHI))
-        return (
+        out: np.ndarray = (
             np.exp(slot(t, Slot.E))
             + np.exp(slot(t, Slot.A) - slot(t, Slot.ALPHA) * np.log(m))
             + np.exp(slot(t, Slot.B) - slot(t, Slot.BETA) * np.log(np.asarray(D, dtype=float)))
         )
+    return out
 
 
 def predict(theta: np.ndarray, N_once: Any, N_rec: Any, D: Any, r: Any) -> np.ndarray:

@@ -15,7 +15,7 @@ before ``fit``. The names re-exported below keep ``from loopscale.fit.law.joint 
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, Self, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -99,13 +99,17 @@ def validate_settings(
         raise ConfigError(name["polish"], "expected at least 1", value=polish)
 
 
-def clone(estimator: Any, **overrides: Any) -> Any:
+_E = TypeVar("_E")
+
+
+def clone(estimator: _E, **overrides: Any) -> _E:
     """An unfitted copy with the same parameters (``overrides`` replace some): scikit-learn's ``clone``.
 
     Parameters are copied as ``get_params(deep=False)`` returns them (a nested estimator is cloned
     too), so a setting added to ``__init__`` can never be lost on a copy again.
     """
-    params = {k: clone(v) if hasattr(v, "get_params") else v for k, v in estimator.get_params(deep=False).items()}
+    got: dict[str, Any] = estimator.get_params(deep=False)  # type: ignore[attr-defined]  # any estimator
+    params = {k: clone(v) if hasattr(v, "get_params") else v for k, v in got.items()}
     return type(estimator)(**{**params, **overrides})
 
 
@@ -127,7 +131,7 @@ class EstimatorParams:
             out[k] = v
         return out
 
-    def set_params(self, **params: Any) -> Any:
+    def set_params(self, **params: Any) -> Self:
         valid = self._param_names()
         for key, value in params.items():
             head, _, rest = key.partition("__")
@@ -139,7 +143,7 @@ class EstimatorParams:
                 setattr(self, head, value)
         return self
 
-    def clone(self, **overrides: Any) -> Any:
+    def clone(self, **overrides: Any) -> Self:
         """An unfitted law with the same settings (``overrides`` replace some): what a refit starts from."""
         return clone(self, **overrides)
 
@@ -171,7 +175,7 @@ class JointLaw(EstimatorParams):
         restarts: int = PAPER_RESTARTS,
         polish: int = 8,
         seed: int = 0,
-        box: dict | None = None,
+        box: dict[str, Any] | None = None,
         advance: int = 64,
     ) -> None:
         self.loss = loss

@@ -117,7 +117,7 @@ class Bounds:
     upper: np.ndarray
 
     @classmethod
-    def paper(cls, phi_bounds: tuple[float, float] | None = None, box: dict | None = None) -> Bounds:
+    def paper(cls, phi_bounds: tuple[float, float] | None = None, box: dict[str, Any] | None = None) -> Bounds:
         spec = dict(PAPER_BOX if box is None else box)
         if phi_bounds is not None:
             spec["phi"] = tuple(phi_bounds)
@@ -126,7 +126,8 @@ class Bounds:
         return cls(lo, hi)
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        return self.lower + rng.random((n, N_THETA)) * (self.upper - self.lower)
+        out: np.ndarray = self.lower + rng.random((n, N_THETA)) * (self.upper - self.lower)
+        return out
 
     def pin_phi(self, fixed_phi: float | None, identifiable: bool = True) -> tuple[Bounds, np.ndarray]:
         """The box and the mask of free slots for a fit: phi pinned (to ``fixed_phi``, or 0 when the data

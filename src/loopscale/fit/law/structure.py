@@ -149,4 +149,5 @@ class LoopTaxLaw(EstimatorParams):
             df = N_once
             N_once, N_rec, D, r = df["N_once"], df["N_rec"], df["D"], df["r"]
         base = self.law_.predict(N_once, N_rec, D, r)
-        return base * np.exp(self.log_tax_ * (np.asarray(r, dtype=float) > 1))
+        out: np.ndarray = base * np.exp(self.log_tax_ * (np.asarray(r, dtype=float) > 1))
+        return out

@@ -73,7 +73,7 @@ def _limit() -> Iterator[None]:
     import scipy.optimize  # noqa: F401  (loads scipy's own OpenBLAS, so it is limited too)
 
     try:
-        from threadpoolctl import threadpool_limits  # type: ignore[import-not-found]
+        from threadpoolctl import threadpool_limits
     except ImportError:
         threadpool_limits = None
     if threadpool_limits is not None:
