@@ -2,10 +2,11 @@ import os
 import sys
 
 # Bytecode is written here even where the environment says not to (PYTHONDONTWRITEBYTECODE): the suite starts
-# a few hundred Python processes, and the test command installs with --no-compile (pip's serial byte-compile
-# of torch, transformers and the rest was 66 of the install's 126 s; docs/testing.md, "What CI costs"), so
-# each module is compiled once, on its first import, by whichever process gets there first. Set before
-# pytest-xdist starts its workers (this file is loaded first), so they and their children inherit it.
+# many Python processes (workers, CLIs, slot workers, ranks), and the test command installs with --no-compile
+# (pip's serial byte-compile of torch, transformers and the rest was 66 of the install's 126 s; docs/testing.md,
+# "What CI costs"), so each module is compiled once, on its first import, by whichever process gets there
+# first. Set before pytest-xdist starts its workers (this file is loaded first), so they and their children
+# inherit it.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 
